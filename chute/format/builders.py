@@ -1,0 +1,259 @@
+"""Column builders: collect one column's values for a shard and turn them into Arrow.
+
+Each builder checks every value against its column type, so a sample that does not
+fit the schema is reported at the position where it appears, naming the column,
+what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from chute.errors import SchemaError
+from chute.format.schema import (
+    Bytes,
+    ColumnType,
+    Json,
+    Map,
+    Ragged,
+    Scalar,
+    String,
+    Tensor,
+    array_dtype,
+    arrow_type,
+    as_array,
+    describe_value,
+    storage_dtype,
+)
+
+
+class ColumnBuilder:
+    """Collects the values of one column; ``append`` returns the bytes the value adds."""
+
+    def __init__(self, name: str, ctype: ColumnType) -> None:
+        self.name = name
+        self.ctype = ctype
+        self.type = arrow_type(ctype)
+
+    def mismatch(self, position: int, value: Any, hint: str = "") -> SchemaError:
+        message = (
+            f"sample {position}, column {self.name!r}: expected {self.ctype.describe()}, "
+            f"found {describe_value(value)}"
+        )
+        return SchemaError(message + (f"; {hint}" if hint else ""))
+
+    def append(self, value: Any, position: int) -> int:
+        raise NotImplementedError
+
+    def finish(self) -> pa.Array:
+        """The column's values as one Arrow array; the builder is empty afterwards."""
+        raise NotImplementedError
+
+
+class TensorBuilder(ColumnBuilder):
+    """Copies each row into one growing contiguous buffer: the shard's single data buffer."""
+
+    def __init__(self, name: str, ctype: Tensor) -> None:
+        super().__init__(name, ctype)
+        self.storage = storage_dtype(ctype.dtype)
+        self.buffer = np.empty((16, *ctype.shape), dtype=self.storage)
+        self.rows = 0
+
+    def append(self, value: Any, position: int) -> int:
+        array = as_array(value)
+        if array is None or array_dtype(value, array) != self.ctype.dtype:
+            raise self.mismatch(position, value, "convert it to that dtype before writing")
+        if array.shape != self.ctype.shape:
+            raise self.mismatch(
+                position,
+                value,
+                "if this column's shape varies between samples, declare it as "
+                f"chute.Ragged({self.ctype.dtype!r}, ndim={len(self.ctype.shape)}) with schema=, "
+                "or raise lookahead= so inference sees more samples",
+            )
+        if self.rows == len(self.buffer):
+            grown = np.empty((2 * len(self.buffer), *self.ctype.shape), dtype=self.storage)
+            grown[: self.rows] = self.buffer
+            self.buffer = grown
+        self.buffer[self.rows] = array
+        self.rows += 1
+        return self.ctype.row_bytes
+
+    def finish(self) -> pa.Array:
+        flat = self.buffer[: self.rows].reshape(-1)
+        storage = pa.FixedSizeListArray.from_arrays(pa.array(flat), int(np.prod(self.ctype.shape)))
+        self.buffer = np.empty((16, *self.ctype.shape), dtype=self.storage)
+        self.rows = 0
+        return pa.ExtensionArray.from_storage(self.type, storage)
+
+
+class ScalarBuilder(ColumnBuilder):
+    def __init__(self, name: str, ctype: Scalar) -> None:
+        super().__init__(name, ctype)
+        self.values: list[Any] = []
+        self.is_bool = ctype.dtype == "bool"
+        self.is_float = ctype.dtype.startswith(("float", "bfloat"))
+
+    def append(self, value: Any, position: int) -> int:
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, np.generic):
+            if array_dtype(value, np.asarray(value)) != self.ctype.dtype:
+                raise self.mismatch(position, value)
+            value = value.item()
+        elif self.is_bool:
+            if not isinstance(value, bool):
+                raise self.mismatch(position, value)
+        elif isinstance(value, bool) or not isinstance(value, (float, int) if self.is_float else int):
+            raise self.mismatch(position, value)
+        self.values.append(value)
+        return self.ctype.row_bytes
+
+    def finish(self) -> pa.Array:
+        values, self.values = self.values, []
+        if self.is_bool:
+            return pa.array(values, type=pa.bool_())
+        try:
+            array = np.array(values, dtype=storage_dtype(self.ctype.dtype))
+        except OverflowError as exc:
+            raise SchemaError(f"column {self.name!r}: a value does not fit in {self.ctype.dtype} ({exc})") from None
+        return pa.array(array, type=self.type)
+
+
+class RaggedBuilder(ColumnBuilder):
+    def __init__(self, name: str, ctype: Ragged) -> None:
+        super().__init__(name, ctype)
+        self.parts: list[np.ndarray] = []
+        self.shapes: list[tuple[int, ...]] = []
+
+    def append(self, value: Any, position: int) -> int:
+        array = as_array(value)
+        if array is None and isinstance(value, (list, tuple)) and not value:
+            array = np.empty((0,), dtype=storage_dtype(self.ctype.dtype))  # an empty token list
+        elif array is None or array_dtype(value, array) != self.ctype.dtype:
+            raise self.mismatch(position, value, "convert it to that dtype before writing")
+        if array.ndim != self.ctype.ndim:
+            raise self.mismatch(position, value)
+        self.parts.append(np.ascontiguousarray(array, dtype=storage_dtype(self.ctype.dtype)).reshape(-1))
+        self.shapes.append(array.shape)
+        return array.nbytes + 8
+
+    def finish(self) -> pa.Array:
+        parts, shapes = self.parts, self.shapes
+        self.parts, self.shapes = [], []
+        dtype = storage_dtype(self.ctype.dtype)
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in parts], out=offsets[1:])
+        flat = np.concatenate(parts) if parts else np.empty((0,), dtype=dtype)
+        data = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
+        if self.ctype.ndim == 1:
+            return data
+        shape = pa.FixedSizeListArray.from_arrays(
+            pa.array(np.asarray(shapes, dtype=np.int32).reshape(-1)), self.ctype.ndim
+        )
+        return pa.StructArray.from_arrays([data, shape], names=["data", "shape"])
+
+
+class BytesBuilder(ColumnBuilder):
+    def __init__(self, name: str, ctype: Bytes) -> None:
+        super().__init__(name, ctype)
+        self.values: list[bytes] = []
+
+    def append(self, value: Any, position: int) -> int:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise self.mismatch(position, value)
+        self.values.append(bytes(value) if not isinstance(value, bytes) else value)
+        return len(value) + 8
+
+    def finish(self) -> pa.Array:
+        values, self.values = self.values, []
+        return pa.array(values, type=self.type)
+
+
+class StringBuilder(ColumnBuilder):
+    def __init__(self, name: str, ctype: String | Json) -> None:
+        super().__init__(name, ctype)
+        self.values: list[str] = []
+
+    def encode(self, value: Any, position: int) -> str:
+        if not isinstance(value, str):
+            raise self.mismatch(position, value)
+        return value
+
+    def append(self, value: Any, position: int) -> int:
+        text = self.encode(value, position)
+        self.values.append(text)
+        return len(text) + 8
+
+    def finish(self) -> pa.Array:
+        values, self.values = self.values, []
+        return pa.array(values, type=self.type)
+
+
+class JsonBuilder(StringBuilder):
+    def encode(self, value: Any, position: int) -> str:
+        return encode_json(value, f"sample {position}, column {self.name!r}")
+
+
+def encode_json(value: Any, where: str) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"{where}: value is not JSON-serialisable ({exc})") from None
+
+
+class MapBuilder(ColumnBuilder):
+    def __init__(self, name: str, ctype: Map) -> None:
+        super().__init__(name, ctype)
+        self.rows: list[list[tuple[str, Any]]] = []
+        self.check = {
+            "string": lambda v: isinstance(v, str),
+            "bytes": lambda v: isinstance(v, (bytes, bytearray, memoryview)),
+            "int64": lambda v: isinstance(v, int) and not isinstance(v, bool),
+            "float64": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+            "json": lambda v: True,
+        }[ctype.value]
+
+    def append(self, value: Any, position: int) -> int:
+        if not isinstance(value, dict):
+            raise self.mismatch(position, value)
+        size = 16
+        items = []
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise self.mismatch(position, value, f"key {key!r} is not a str")
+            if not self.check(item):
+                raise SchemaError(
+                    f"sample {position}, column {self.name!r}: key {key!r} holds "
+                    f"{describe_value(item)}, but the column's values are {self.ctype.value}; "
+                    "declare it as chute.Map('json') with schema= to store mixed values"
+                )
+            if self.ctype.value == "json":
+                item = encode_json(item, f"sample {position}, column {self.name!r}, key {key!r}")
+            elif self.ctype.value == "float64":
+                item = float(item)
+            items.append((key, item))
+            size += len(key) + (len(item) if isinstance(item, (str, bytes)) else 8)
+        self.rows.append(items)
+        return size
+
+    def finish(self) -> pa.Array:
+        rows, self.rows = self.rows, []
+        return pa.array(rows, type=self.type)
+
+
+def make_builder(name: str, ctype: ColumnType) -> ColumnBuilder:
+    builders: dict[type, type[ColumnBuilder]] = {
+        Tensor: TensorBuilder,
+        Scalar: ScalarBuilder,
+        Ragged: RaggedBuilder,
+        Bytes: BytesBuilder,
+        String: StringBuilder,
+        Json: JsonBuilder,
+        Map: MapBuilder,
+    }
+    return builders[type(ctype)](name, ctype)

@@ -1,0 +1,414 @@
+"""The dataset reader: ``chute.open`` and :class:`Dataset`.
+
+Opening a dataset reads the manifest and stats each shard (O(number of shards));
+a shard is memory-mapped the first time a row of it is read. Fixed-size columns
+(tensors and scalars) are exposed as ``uint8[rows, row_bytes]`` torch views of the
+mapped file, so a batch is one ``index_select`` per shard and column into the output
+buffer: no per-sample Python objects and no deserialisation.
+
+Views of the mapped files never leave this module: every tensor handed to the
+caller is a copy it may write to (the mapping is read-only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from chute.errors import ManifestError, ShardError
+from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, parse_manifest
+from chute.format.schema import FIXED_SIZE, Bytes, ColumnType, Json, Map, Ragged, Scalar, Schema, String, Tensor
+
+_TORCH_DTYPES = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "uint16": torch.uint16,
+    "int16": torch.int16,
+    "uint32": torch.uint32,
+    "int32": torch.int32,
+    "uint64": torch.uint64,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a chute dtype name."""
+    return _TORCH_DTYPES[dtype]
+
+
+def _readonly_tensor(array: np.ndarray) -> torch.Tensor:
+    """A torch view of a read-only numpy array (torch warns about those; we never write)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+class _Shard:
+    """One memory-mapped shard: byte views of its fixed-size columns, Arrow arrays of the rest."""
+
+    def __init__(self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str) -> None:
+        self.path = path
+        try:
+            self.mmap = pa.memory_map(path, "r")
+            reader = pa.ipc.open_file(self.mmap)
+            file_schema = reader.schema
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        except FileNotFoundError:
+            raise ShardError(f"{where}: shard file {path} is missing; the dataset is incomplete: write or download it again") from None
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            raise ShardError(
+                f"{where}: shard {info.file} is not a readable Arrow IPC file ({exc}); it is truncated "
+                "or damaged: run `chute inspect --verify` on the dataset and write it again"
+            ) from None
+        if not file_schema.equals(arrow_schema, check_metadata=False):
+            raise ShardError(
+                f"{where}: shard {info.file} has schema {file_schema} but the manifest says "
+                f"{arrow_schema}; the shard does not belong to this dataset: write it again"
+            )
+        rows = sum(b.num_rows for b in batches)
+        if rows != info.rows:
+            raise ShardError(f"{where}: shard {info.file} holds {rows} rows, the manifest says {info.rows}; write the dataset again")
+        if len(batches) == 1:
+            batch = batches[0]
+        else:  # not written by chute: combine (a copy) so each column is one buffer
+            batch = pa.Table.from_batches(batches, schema=file_schema).combine_chunks().to_batches()[0] if batches else None
+        self.columns: dict[str, pa.Array] = {}
+        self.fixed: dict[str, torch.Tensor] = {}
+        for name, ctype in schema:
+            column = batch.column(name) if batch is not None else pa.array([], type=arrow_schema.field(name).type)
+            if isinstance(ctype, FIXED_SIZE):
+                self.fixed[name] = self._byte_view(column, ctype, info.rows)
+            else:
+                self.columns[name] = column
+
+    @staticmethod
+    def _byte_view(column: pa.Array, ctype: Tensor | Scalar, rows: int) -> torch.Tensor:
+        row_bytes = ctype.row_bytes
+        if isinstance(ctype, Scalar) and ctype.dtype == "bool":  # Arrow packs bools as bits
+            values = column.to_numpy(zero_copy_only=False).astype(np.uint8)
+        elif isinstance(ctype, Tensor):
+            values = column.storage.flatten().to_numpy(zero_copy_only=True)
+        else:
+            values = column.to_numpy(zero_copy_only=True)
+        return _readonly_tensor(values.view(np.uint8).reshape(rows, row_bytes))
+
+
+class Dataset:
+    """A chute dataset opened for reading. Create it with :func:`chute.open`.
+
+    ``len(ds)`` rows; ``ds[i]`` is one sample as a dict; ``ds.get_batch(indices)``
+    gathers many at once (tensor and scalar columns as one tensor each, other columns
+    as lists). Safe to share between threads; picklable (it re-maps its shards in the
+    process that unpickles it).
+    """
+
+    def __init__(self, root: str, manifest: Manifest, manifest_text: str) -> None:
+        self.root = root
+        self.manifest = manifest
+        self._manifest_text = manifest_text
+        self.offsets = np.zeros(len(manifest.shards) + 1, dtype=np.int64)
+        np.cumsum([s.rows for s in manifest.shards], out=self.offsets[1:])
+        self._starts = self.offsets[:-1]
+        self._shards: list[_Shard | None] = [None] * len(manifest.shards)
+        self._lock = threading.Lock()
+        self._fixed = [(name, ctype) for name, ctype in manifest.schema if isinstance(ctype, FIXED_SIZE)]
+        self._variable = [(name, ctype) for name, ctype in manifest.schema if not isinstance(ctype, FIXED_SIZE)]
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def schema(self) -> Schema:
+        return self.manifest.schema
+
+    @property
+    def shards(self) -> tuple[ShardInfo, ...]:
+        return self.manifest.shards
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.manifest.metadata
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.bytes for s in self.manifest.shards)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __repr__(self) -> str:
+        return f"chute.Dataset({self.root!r}, rows={len(self)}, shards={len(self.shards)}, columns={self.schema.names})"
+
+    def __reduce__(self):
+        return (_restore, (self.root, self._manifest_text))
+
+    def shard_path(self, i: int) -> str:
+        return os.path.join(self.root, *self.manifest.shards[i].file.split("/"))
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard number, row within the shard)`` of global row ``index``."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} is out of range for a dataset of {len(self)} rows")
+        shard = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return shard, index - int(self.offsets[shard])
+
+    # ------------------------------------------------------------------ reading
+
+    def shard(self, i: int) -> _Shard:
+        """Shard ``i``, memory-mapped on first use."""
+        shard = self._shards[i]
+        if shard is None:
+            with self._lock:
+                shard = self._shards[i]
+                if shard is None:
+                    info = self.manifest.shards[i]
+                    shard = _Shard(self.shard_path(i), info, self.schema, self.manifest.arrow_schema, f"dataset {self.root}")
+                    self._shards[i] = shard
+        return shard
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if isinstance(index, (np.integer, torch.Tensor)):
+            index = int(index)
+        if not isinstance(index, int):
+            raise TypeError(f"dataset indices must be integers, not {type(index).__name__}; use get_batch for many rows")
+        if index < 0:
+            index += len(self)
+        batch = self.get_batch([index])
+        sample = {}
+        for name, ctype in self.schema:
+            value = batch[name][0]
+            if isinstance(ctype, Scalar):
+                value = value.item()
+            sample[name] = value
+        return sample
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor, out: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
+        """Gather rows ``indices`` (in that order) into a dict of column name to values.
+
+        Tensor columns come back as one tensor of shape ``[len(indices), *shape]``,
+        scalar columns as a tensor of shape ``[len(indices)]``, other columns as lists.
+        ``out`` may hold preallocated tensors for fixed-size columns (reused buffers,
+        possibly pinned); they are filled in place and returned.
+        """
+        idx = self._check_indices(indices)
+        n = len(idx)
+        plan = self._plan(idx)
+        result: dict[str, Any] = {}
+        for name, ctype in self._fixed:
+            buffer = self._output(name, ctype, n, out)
+            self._gather_fixed(name, plan, buffer.view(torch.uint8).view(n, ctype.row_bytes) if n else None)
+            result[name] = buffer
+        for name, ctype in self._variable:
+            result[name] = self._gather_variable(name, ctype, plan, n)
+        return {name: result[name] for name in self.schema.names}
+
+    def _check_indices(self, indices: Any) -> np.ndarray:
+        if isinstance(indices, torch.Tensor):
+            indices = indices.detach().cpu().numpy()
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+            raise TypeError(f"indices must be a 1-D sequence of integers, got shape {idx.shape} of {idx.dtype}")
+        idx = idx.astype(np.int64, copy=False)
+        if idx.size:
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= len(self):
+                bad = lo if lo < 0 else hi
+                raise IndexError(f"row {bad} is out of range for dataset {self.root} of {len(self)} rows")
+        return idx
+
+    def _plan(self, idx: np.ndarray) -> _Plan:
+        if len(self._shards) == 1 or not len(idx):
+            return _Plan([(0, 0, len(idx), idx)], None)
+        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
+        first, last = int(shard_of[0]), int(shard_of[-1])
+        if first == last and (shard_of == first).all():
+            return _Plan([(first, 0, len(idx), idx - self.offsets[first])], None)
+        inverse = None
+        if (np.diff(shard_of) < 0).any():  # not grouped by shard: gather sorted, then reorder
+            order = np.argsort(shard_of, kind="stable")
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(len(order))
+            shard_of, idx = shard_of[order], idx[order]
+        bounds = np.flatnonzero(np.diff(shard_of)) + 1
+        starts = np.concatenate(([0], bounds))
+        stops = np.concatenate((bounds, [len(idx)]))
+        runs = []
+        for a, b in zip(starts.tolist(), stops.tolist()):
+            s = int(shard_of[a])
+            runs.append((s, a, b, idx[a:b] - self.offsets[s]))
+        return _Plan(runs, inverse)
+
+    def _output(self, name: str, ctype: Tensor | Scalar, n: int, out: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
+        shape = (n, *ctype.shape) if isinstance(ctype, Tensor) else (n,)
+        dtype = torch_dtype(ctype.dtype)
+        if out is not None and name in out:
+            buffer = out[name]
+            if tuple(buffer.shape) != shape or buffer.dtype != dtype or not buffer.is_contiguous() or buffer.device.type != "cpu":
+                raise ValueError(
+                    f"out[{name!r}] must be a contiguous CPU tensor of shape {shape} and dtype {dtype}, "
+                    f"got {tuple(buffer.shape)} {buffer.dtype} on {buffer.device}"
+                )
+            return buffer
+        return torch.empty(shape, dtype=dtype)
+
+    def _gather_fixed(self, name: str, plan: _Plan, out: torch.Tensor | None) -> None:
+        if out is None:
+            return
+        target = out if plan.inverse is None else torch.empty_like(out)
+        for shard, a, b, local in plan.runs:
+            source = self.shard(shard).fixed[name]
+            torch.index_select(source, 0, torch.from_numpy(local), out=target[a:b])
+        if plan.inverse is not None:
+            torch.index_select(target, 0, torch.from_numpy(plan.inverse), out=out)
+
+    def _gather_variable(self, name: str, ctype: ColumnType, plan: _Plan, n: int) -> list[Any]:
+        values: list[Any] = []
+        for shard, _, _, local in plan.runs:
+            column = self.shard(shard).columns[name]
+            values.extend(_decode(column.take(pa.array(local)), ctype))
+        if plan.inverse is not None:
+            values = [values[i] for i in plan.inverse.tolist()]
+        return values
+
+    # ------------------------------------------------------------------ validation
+
+    def check_shard(self, i: int) -> str | None:
+        """A description of what is wrong with shard ``i`` on disk, or None if its bytes are intact."""
+        info = self.manifest.shards[i]
+        path = self.shard_path(i)
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            return f"shard {info.file} is missing ({path})"
+        if size != info.bytes:
+            return f"shard {info.file} is {size} bytes, the manifest says {info.bytes} (truncated or replaced)"
+        digest = checksum_file(path, info.checksum.split(":", 1)[0])
+        if digest != info.checksum:
+            return f"shard {info.file} has checksum {digest}, the manifest says {info.checksum} (corrupt)"
+        return None
+
+    def verify(self) -> None:
+        """Check every shard's size and checksum; raise ShardError listing the bad ones."""
+        problems = [p for i in range(len(self.shards)) if (p := self.check_shard(i))]
+        if problems:
+            raise ShardError(
+                f"dataset {self.root} failed verification: " + "; ".join(problems)
+                + ". Write or download the dataset again"
+            )
+
+    def close(self) -> None:
+        """Unmap the shards (they are mapped again if the dataset is read later)."""
+        with self._lock:
+            self._shards = [None] * len(self._shards)
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Plan:
+    """How one batch's rows split into per-shard runs, and the reordering to apply after."""
+
+    __slots__ = ("runs", "inverse")
+
+    def __init__(self, runs: list[tuple[int, int, int, np.ndarray]], inverse: np.ndarray | None) -> None:
+        self.runs = runs
+        self.inverse = inverse
+
+
+def _decode(column: pa.Array, ctype: ColumnType) -> list[Any]:
+    """Python values of a variable-size column's rows."""
+    if isinstance(ctype, (Bytes, String)):
+        return column.to_pylist()
+    if isinstance(ctype, Json):
+        return [json.loads(text) for text in column.to_pylist()]
+    if isinstance(ctype, Map):
+        rows = column.to_pylist(maps_as_pydicts="strict")
+        if ctype.value == "json":
+            return [{k: json.loads(v) for k, v in row.items()} for row in rows]
+        return rows
+    if isinstance(ctype, Ragged):
+        return _decode_ragged(column, ctype)
+    raise AssertionError(f"unexpected column type {ctype!r}")
+
+
+def _decode_ragged(column: pa.Array, ctype: Ragged) -> list[torch.Tensor]:
+    if ctype.ndim == 1:
+        lists, shapes = column, None
+    else:
+        lists = column.field("data")
+        shapes = column.field("shape").flatten().to_numpy().reshape(-1, ctype.ndim)
+    offsets = lists.offsets.to_numpy()
+    values = lists.values.to_numpy(zero_copy_only=False)
+    dtype = torch_dtype(ctype.dtype)
+    out = []
+    for i in range(len(lists)):
+        part = torch.from_numpy(values[offsets[i] : offsets[i + 1]].copy())
+        part = part.view(dtype) if dtype in (torch.bool, torch.bfloat16) else part
+        out.append(part if shapes is None else part.reshape(tuple(shapes[i])))
+    return out
+
+
+def _restore(root: str, manifest_text: str) -> Dataset:
+    return Dataset(root, parse_manifest(manifest_text, os.path.join(root, MANIFEST_NAME)), manifest_text)
+
+
+def open_dataset(path: str | os.PathLike) -> Dataset:
+    """Open the chute dataset at ``path`` (a directory holding ``manifest.json``).
+
+    Validates the manifest and that every shard exists with the size it lists;
+    checksums are checked on demand by :meth:`Dataset.verify`.
+    """
+    text_path = os.fspath(path)
+    if text_path.startswith("file://"):
+        text_path = text_path[len("file://") :]
+    elif "://" in text_path:
+        raise ManifestError(
+            f"cannot open {text_path}: this version of chute opens local datasets only; "
+            "copy the dataset directory to local disk and open that"
+        )
+    root = os.path.abspath(text_path)
+    manifest_path = os.path.join(root, MANIFEST_NAME)
+    if not os.path.isdir(root):
+        raise ManifestError(f"{root} does not exist or is not a directory; a chute dataset is a directory with a {MANIFEST_NAME}")
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ManifestError(
+            f"{root} has no {MANIFEST_NAME}: it is not a chute dataset, or its writer did not "
+            "finish (the manifest is written last). Write the dataset again"
+        ) from None
+    manifest = parse_manifest(text, manifest_path)
+    real_root = os.path.realpath(root)
+    for info in manifest.shards:
+        path_i = os.path.join(root, *info.file.split("/"))
+        real = os.path.realpath(path_i)
+        if os.path.commonpath([real, real_root]) != real_root:
+            raise ManifestError(f"{manifest_path}: shard {info.file} resolves outside the dataset root ({real}); chute refuses to read it")
+        try:
+            size = os.path.getsize(path_i)
+        except FileNotFoundError:
+            raise ShardError(
+                f"dataset {root}: shard {info.file} is missing; the dataset is incomplete: write or download it again"
+            ) from None
+        if size != info.bytes:
+            raise ShardError(
+                f"dataset {root}: shard {info.file} is {size} bytes but the manifest says {info.bytes}; "
+                "it is truncated or was replaced: write or download the dataset again"
+            )
+    return Dataset(root, manifest, text)

@@ -1,0 +1,324 @@
+"""The dataset writer: samples in, Arrow IPC shards plus a manifest out.
+
+Nothing the writer leaves behind is a valid dataset until it has finished:
+
+1. it takes an exclusive ``flock`` on ``<root>/.chute-write.lock`` (the kernel
+   drops it if the process dies), then removes files that dead writers left;
+2. each shard is written to a hidden temporary name, flushed to disk, checksummed
+   and renamed to ``shard-NNNNN.<token>.arrow`` (the token is new for every
+   write, so an old dataset in the same directory keeps its shards intact);
+3. ``manifest.json`` is written last, to a temporary name renamed into place;
+4. only then are the shards of the dataset it replaced deleted.
+
+A writer that raises, is interrupted or is killed before step 3 leaves no
+``manifest.json`` (or the previous one, still pointing at the previous, intact
+shards), so ``chute.open`` never accepts a half-written dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+import chute
+from chute._sizes import parse_size
+from chute.errors import ChuteError, SchemaError
+from chute.format.builders import ColumnBuilder, make_builder
+from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, parse_manifest
+from chute.format.schema import ColumnType, Schema, check_keys, infer_schema
+
+DEFAULT_SHARD_SIZE = 128 * 2**20
+DEFAULT_LOOKAHEAD = 64
+LOCK_NAME = ".chute-write.lock"
+TMP_SUFFIX = ".chute-tmp"
+_SHARD_RE = re.compile(r"shard-\d{5,}\.[0-9a-f]+\.arrow")
+
+
+def _fsync_path(path: str) -> None:
+    """Flush a file's (or a directory's) contents to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _local_path(path: str | os.PathLike) -> str:
+    text = os.fspath(path)
+    if text.startswith("file://"):
+        return text[len("file://") :]
+    if "://" in text:
+        raise ChuteError(
+            f"cannot write to {text}: this version of chute writes datasets to local paths only. "
+            "Write it to a local directory, then copy the directory to the remote store"
+        )
+    return text
+
+
+class Writer:
+    """Writes samples (dicts of column name to value) into a chute dataset at ``path``.
+
+    Use as a context manager; leaving the block normally commits the dataset, an
+    exception discards everything this writer wrote::
+
+        with chute.Writer("/data/ds", shard_size="64MB") as w:
+            for sample in samples:
+                w.append(sample)
+
+    Without ``schema`` the column types are inferred from the first ``lookahead``
+    samples (so a column whose shape varies within that window becomes ragged) and
+    every later sample is checked against them.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        schema: Schema | Mapping[str, ColumnType] | None = None,
+        shard_size: int | str = DEFAULT_SHARD_SIZE,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        checksum: str = "xxh3_128",
+        durable: bool = True,
+    ) -> None:
+        self.root = os.path.abspath(_local_path(path))
+        self.shard_size = max(1, parse_size(shard_size))
+        self.metadata = dict(metadata or {})
+        self.lookahead = max(1, int(lookahead))
+        self.checksum = checksum
+        self.durable = durable
+        self.token = secrets.token_hex(4)
+        self.position = 0
+        self.shards: list[ShardInfo] = []
+        self.schema: Schema | None = None
+        self.builders: list[tuple[str, ColumnBuilder]] = []
+        self.pending: list[Mapping[str, Any]] = []
+        self.shard_bytes = 0
+        self.shard_rows = 0
+        self.closed = False
+        self._lock_fd: int | None = None
+        self._tmp_files: set[str] = set()
+        if schema is not None:
+            self._set_schema(schema if isinstance(schema, Schema) else Schema.from_dict(dict(schema)))
+        self._previous = self._begin(overwrite)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _begin(self, overwrite: bool) -> Manifest | None:
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise ChuteError(f"cannot write a dataset to {self.root}: it is a file, not a directory")
+        os.makedirs(self.root, exist_ok=True)
+        fd = os.open(os.path.join(self.root, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ChuteError(
+                f"another process is writing a dataset to {self.root}; wait for it to finish "
+                "or write to another directory"
+            ) from None
+        self._lock_fd = fd
+        try:
+            previous = self._read_previous()
+            if previous is not None and not overwrite:
+                raise ChuteError(
+                    f"{self.root} already holds a chute dataset ({previous.rows} rows); pass "
+                    "overwrite=True (chute convert --overwrite) to replace it"
+                )
+            keep = {s.file for s in previous.shards} if previous else set()
+            self._remove_leftovers(keep)
+        except BaseException:
+            self._unlock()
+            raise
+        return previous
+
+    def _read_previous(self) -> Manifest | None:
+        manifest = os.path.join(self.root, MANIFEST_NAME)
+        if not os.path.exists(manifest):
+            return None
+        try:
+            with open(manifest, encoding="utf-8") as f:
+                return parse_manifest(f.read(), manifest)
+        except ChuteError:
+            return None  # a damaged manifest: replaced by this write
+
+    def _remove_leftovers(self, keep: set[str]) -> None:
+        """Delete temporary files and unreferenced shards that dead writers left."""
+        for name in os.listdir(self.root):
+            if name.endswith(TMP_SUFFIX) or (_SHARD_RE.fullmatch(name) and name not in keep):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.root, name))
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self.abort()
+
+    # ------------------------------------------------------------------ samples
+
+    def _set_schema(self, schema: Schema) -> None:
+        if len(schema) == 0:
+            raise SchemaError("a dataset needs at least one column")
+        self.schema = schema
+        self.builders = [(name, make_builder(name, ctype)) for name, ctype in schema]
+        self._names = set(schema.names)
+
+    def append(self, sample: Mapping[str, Any]) -> None:
+        """Add one sample. Raises SchemaError if it does not fit the schema."""
+        if self.closed:
+            raise ChuteError(f"the writer for {self.root} is closed")
+        if self.schema is None:
+            self.pending.append(sample)
+            if len(self.pending) >= self.lookahead:
+                self._flush_pending()
+            return
+        self._add(sample)
+
+    def _flush_pending(self) -> None:
+        pending, self.pending = self.pending, []
+        self._set_schema(infer_schema(pending, first_position=self.position))
+        for sample in pending:
+            self._add(sample)
+
+    def _add(self, sample: Mapping[str, Any]) -> None:
+        check_keys(sample, self._names, self.position)
+        added = 0
+        for name, builder in self.builders:
+            added += builder.append(sample[name], self.position)
+        self.position += 1
+        self.shard_rows += 1
+        self.shard_bytes += added
+        if self.shard_bytes >= self.shard_size:
+            self._write_shard()
+
+    def _write_shard(self) -> None:
+        assert self.schema is not None
+        if self.shard_rows == 0:
+            return
+        arrow_schema = self.schema.to_arrow()
+        batch = pa.record_batch([b.finish() for _, b in self.builders], schema=arrow_schema)
+        name = f"shard-{len(self.shards):05d}.{self.token}.arrow"
+        final = os.path.join(self.root, name)
+        tmp = os.path.join(self.root, f".{name}{TMP_SUFFIX}")
+        self._tmp_files.add(tmp)
+        # One record batch per shard: each fixed-size column is one contiguous buffer.
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, arrow_schema) as ipc:
+            ipc.write_batch(batch)
+        if self.durable:
+            _fsync_path(tmp)
+        size = os.path.getsize(tmp)
+        digest = checksum_file(tmp, self.checksum)
+        os.replace(tmp, final)
+        self._tmp_files.discard(tmp)
+        self.shards.append(ShardInfo(name, self.shard_rows, size, digest))
+        self.shard_rows = 0
+        self.shard_bytes = 0
+
+    # ------------------------------------------------------------------ commit / abort
+
+    def close(self) -> Manifest:
+        """Write the last shard and the manifest; the dataset is valid from here on."""
+        if self.closed:
+            raise ChuteError(f"the writer for {self.root} is already closed")
+        try:
+            if self.schema is None:
+                if not self.pending:
+                    raise ChuteError(
+                        f"no samples were written to {self.root} and no schema was given; "
+                        "pass schema= to write an empty dataset"
+                    )
+                self._flush_pending()
+            self._write_shard()
+            manifest = Manifest(
+                schema=self.schema,
+                shards=tuple(self.shards),
+                metadata=self.metadata,
+                arrow_schema=self.schema.to_arrow(),
+                created_by=f"chute {chute.__version__}",
+            )
+            text = manifest.dumps()
+        except BaseException:
+            self.abort()
+            raise
+        target = os.path.join(self.root, MANIFEST_NAME)
+        tmp = os.path.join(self.root, f".{MANIFEST_NAME}.{self.token}{TMP_SUFFIX}")
+        self._tmp_files.add(tmp)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                if self.durable:
+                    os.fsync(f.fileno())
+            os.replace(tmp, target)
+            self._tmp_files.discard(tmp)
+            if self.durable:
+                _fsync_path(self.root)
+        except BaseException:
+            self.abort()
+            raise
+        self.closed = True
+        if self._previous is not None:
+            self._remove_leftovers({s.file for s in self.shards})
+        self._unlock()
+        return manifest
+
+    def abort(self) -> None:
+        """Discard everything this writer wrote; a previous dataset at the path stays valid."""
+        if self.closed:
+            return
+        self.closed = True
+        for tmp in self._tmp_files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        for shard in self.shards:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.root, shard.file))
+        self._unlock()
+
+
+def write(
+    samples: Iterable[Mapping[str, Any]],
+    path: str | os.PathLike,
+    *,
+    schema: Schema | Mapping[str, ColumnType] | None = None,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    lookahead: int = DEFAULT_LOOKAHEAD,
+) -> chute.Dataset:
+    """Write ``samples`` (an iterable of dicts) as a chute dataset at ``path`` and open it.
+
+    Values may be numpy arrays, torch tensors, lists of numbers, bytes, str, numbers
+    and dicts with str keys. ``shard_size`` is the target size of one shard in bytes
+    (or a string such as ``"128MB"``). See :class:`Writer` for the schema rules and
+    what happens when writing fails.
+    """
+    with Writer(
+        path, schema=schema, shard_size=shard_size, metadata=metadata, overwrite=overwrite, lookahead=lookahead
+    ) as writer:
+        for sample in samples:
+            writer.append(sample)
+    from chute.format.reader import open_dataset
+
+    return open_dataset(writer.root)
