@@ -98,6 +98,9 @@ CopiedCallback = Callable[[Any, "torch.cuda.Event | None"], None]
 # --------------------------------------------------------------------------
 
 
+_ATOMS = frozenset({str, bytes, int, float, bool, complex, type(None)})  # never hold tensors
+
+
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
     """Return ``batch`` with ``fn`` applied to every tensor in it.
 
@@ -110,7 +113,7 @@ def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
     """
     if isinstance(batch, torch.Tensor):
         return fn(batch)
-    if isinstance(batch, (str, bytes)):
+    if type(batch) in _ATOMS or isinstance(batch, (str, bytes)):
         return batch
     if isinstance(batch, Mapping):
         changed = {}
@@ -317,7 +320,7 @@ class DeviceCopier:
         if self.device is None:
             return batch, None
         if not self.is_cuda:
-            return map_tensors(lambda t: t.to(self.device), batch), None
+            return map_tensors(lambda t: t if t.is_cpu else t.to(self.device), batch), None
         # The current device is per thread: make it ours in the copying thread,
         # so the stream, events and allocations land on the right GPU.
         if torch.cuda.current_device() != self.device.index:
@@ -378,54 +381,57 @@ class _Channel:
     and ``put``s the copied batch into it, so at most ``capacity`` batches are
     pulled and not yet taken. ``finish`` adds the end-of-pass marker without a
     place. ``close`` wakes both sides and drops what is queued; ``reserve``
-    then returns False and the producer exits. Blocking waits on a condition,
+    then returns False and the producer exits. Blocking waits on conditions,
     no polling.
     """
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._not_full = threading.Condition(lock)
+        self._not_empty = threading.Condition(lock)
         self._items: deque[Any] = deque()
         self._reserved = 0
         self._closed = False
 
     def reserve(self) -> bool:
-        with self._cond:
+        with self._not_full:
             while not self._closed and len(self._items) + self._reserved >= self._capacity:
-                self._cond.wait()
+                self._not_full.wait()
             if self._closed:
                 return False
             self._reserved += 1
             return True
 
     def put(self, item: Any) -> None:
-        with self._cond:
+        with self._not_empty:
             self._reserved -= 1
             if not self._closed:
                 self._items.append(item)
-                self._cond.notify_all()
+                self._not_empty.notify()
 
     def finish(self, marker: Any) -> None:
-        with self._cond:
+        with self._not_empty:
             if not self._closed:
                 self._items.append(marker)
-                self._cond.notify_all()
+                self._not_empty.notify()
 
     def get(self) -> Any:
-        with self._cond:
+        with self._not_empty:
             while not self._items and not self._closed:
-                self._cond.wait()
+                self._not_empty.wait()
             if not self._items:
                 return _END
             item = self._items.popleft()
-            self._cond.notify_all()
+            self._not_full.notify()
             return item
 
     def close(self) -> None:
-        with self._cond:
+        with self._not_empty:
             self._closed = True
             self._items.clear()
-            self._cond.notify_all()
+            self._not_empty.notify_all()
+            self._not_full.notify_all()
 
 
 _END = object()  # end-of-pass marker (an immutable sentinel)
@@ -540,7 +546,7 @@ class DevicePrefetcher(Iterator[Any]):
         self.thread = threading.Thread(
             target=_produce,
             args=(iterator, copier, self._channel, on_copied),
-            name=f"chute-device:{copier.device}",
+            name="chute-device" if copier.device is None else f"chute-device:{copier.device}",
             daemon=True,
         )
         del iterator  # the thread owns it and closes it

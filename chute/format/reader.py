@@ -44,6 +44,11 @@ _TORCH_DTYPES = {
 }
 
 
+# Rows at least this big are copied one by one to their place in the batch; smaller rows
+# are gathered per shard into a scratch buffer, then reordered (see Dataset._gather_fixed).
+_DIRECT_ROW_BYTES = 32 << 10
+
+
 def torch_dtype(dtype: str) -> torch.dtype:
     """The torch dtype of a chute dtype name."""
     return _TORCH_DTYPES[dtype]
@@ -124,6 +129,7 @@ class Dataset:
         self._starts = self.offsets[:-1]
         self._shards: list[_Shard | None] = [None] * len(manifest.shards)
         self._lock = threading.Lock()
+        self._local = threading.local()
         self._fixed = [(name, ctype) for name, ctype in manifest.schema if isinstance(ctype, FIXED_SIZE)]
         self._variable = [(name, ctype) for name, ctype in manifest.schema if not isinstance(ctype, FIXED_SIZE)]
 
@@ -229,26 +235,26 @@ class Dataset:
         return idx
 
     def _plan(self, idx: np.ndarray) -> _Plan:
+        """Split rows into per-shard runs; sort them by shard first if they are not grouped."""
         if len(self._shards) == 1 or not len(idx):
-            return _Plan([(0, 0, len(idx), idx)], None)
+            return _Plan([(0, 0, len(idx), idx)], None, None)
         shard_of = np.searchsorted(self._starts, idx, side="right") - 1
-        first, last = int(shard_of[0]), int(shard_of[-1])
-        if first == last and (shard_of == first).all():
-            return _Plan([(first, 0, len(idx), idx - self.offsets[first])], None)
-        inverse = None
-        if (np.diff(shard_of) < 0).any():  # not grouped by shard: gather sorted, then reorder
+        local = idx - self.offsets[shard_of]
+        inverse = order = None
+        if len(idx) > 1 and (shard_of[1:] < shard_of[:-1]).any():
+            # Rows of one shard are gathered together, then put back in the order asked for.
             order = np.argsort(shard_of, kind="stable")
             inverse = np.empty_like(order)
             inverse[order] = np.arange(len(order))
-            shard_of, idx = shard_of[order], idx[order]
-        bounds = np.flatnonzero(np.diff(shard_of)) + 1
-        starts = np.concatenate(([0], bounds))
-        stops = np.concatenate((bounds, [len(idx)]))
+            shard_of, local = shard_of[order], local[order]
+        counts = np.bincount(shard_of, minlength=len(self._shards))
         runs = []
-        for a, b in zip(starts.tolist(), stops.tolist()):
-            s = int(shard_of[a])
-            runs.append((s, a, b, idx[a:b] - self.offsets[s]))
-        return _Plan(runs, inverse)
+        a = 0
+        for shard in np.flatnonzero(counts).tolist():
+            b = a + int(counts[shard])
+            runs.append((shard, a, b, local[a:b]))
+            a = b
+        return _Plan(runs, inverse, order if inverse is not None else None)
 
     def _output(self, name: str, ctype: Tensor | Scalar, n: int, out: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
         shape = (n, *ctype.shape) if isinstance(ctype, Tensor) else (n,)
@@ -266,12 +272,34 @@ class Dataset:
     def _gather_fixed(self, name: str, plan: _Plan, out: torch.Tensor | None) -> None:
         if out is None:
             return
-        target = out if plan.inverse is None else torch.empty_like(out)
-        for shard, a, b, local in plan.runs:
-            source = self.shard(shard).fixed[name]
-            torch.index_select(source, 0, torch.from_numpy(local), out=target[a:b])
+        if plan.inverse is not None and out.shape[1] >= _DIRECT_ROW_BYTES:
+            # Big rows: a Python call per row costs less than copying the batch twice.
+            positions = plan.order.tolist()
+            for shard, a, b, local in plan.runs:
+                source = self.shard(shard).fixed[name]
+                for position, row in zip(positions[a:b], local.tolist()):
+                    out[position].copy_(source[row])
+            return
+        target = out if plan.inverse is None else self._scratch(out)
+        if len(plan.runs) == 1:
+            shard, _, _, local = plan.runs[0]
+            torch.index_select(self.shard(shard).fixed[name], 0, plan.indices[0], out=target)
+        else:
+            for (shard, a, b, _), local in zip(plan.runs, plan.indices):
+                torch.index_select(self.shard(shard).fixed[name], 0, local, out=target[a:b])
         if plan.inverse is not None:
-            torch.index_select(target, 0, torch.from_numpy(plan.inverse), out=out)
+            torch.index_select(target, 0, plan.inverse_t, out=out)
+
+    def _scratch(self, like: torch.Tensor) -> torch.Tensor:
+        """A per-thread reusable buffer shaped like ``like`` (fresh allocations page-fault)."""
+        buffers = self._local.__dict__.setdefault("scratch", {})
+        key = tuple(like.shape)
+        buffer = buffers.get(key)
+        if buffer is None:
+            if len(buffers) > 8:
+                buffers.clear()
+            buffer = buffers[key] = torch.empty(key, dtype=like.dtype)
+        return buffer
 
     def _gather_variable(self, name: str, ctype: ColumnType, plan: _Plan, n: int) -> list[Any]:
         values: list[Any] = []
@@ -323,11 +351,17 @@ class Dataset:
 class _Plan:
     """How one batch's rows split into per-shard runs, and the reordering to apply after."""
 
-    __slots__ = ("runs", "inverse")
+    __slots__ = ("runs", "inverse", "order", "indices", "inverse_t")
 
-    def __init__(self, runs: list[tuple[int, int, int, np.ndarray]], inverse: np.ndarray | None) -> None:
-        self.runs = runs
+    def __init__(self, runs: list[tuple[int, int, int, np.ndarray]], inverse: np.ndarray | None, order: np.ndarray | None) -> None:
+        self.runs = runs  # (shard, first sorted position, end sorted position, rows within the shard)
+        # When the rows were sorted by shard: sorted position j holds the row asked for at
+        # position order[j], and position p is found at sorted position inverse[p].
         self.inverse = inverse
+        self.order = order
+        # torch views of the same indices, made once and shared by every column
+        self.indices = [torch.from_numpy(local) for _, _, _, local in runs]
+        self.inverse_t = None if inverse is None else torch.from_numpy(inverse)
 
 
 def _decode(column: pa.Array, ctype: ColumnType) -> list[Any]:

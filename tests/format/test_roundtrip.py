@@ -216,3 +216,12 @@ def test_shards_are_plain_arrow_ipc_files(tmp_path):
 def test_torch_dtypes_cover_every_chute_dtype():
     for dtype in chute.format.schema.DTYPES:
         assert torch_dtype(dtype).itemsize == (2 if dtype == "bfloat16" else np.dtype(dtype).itemsize)
+
+
+def test_big_rows_in_random_order_across_shards(tmp_path):
+    # rows over 32 KiB take the row-by-row path; smaller ones the gather-then-reorder path
+    records = np.random.default_rng(7).standard_normal((24, 9000)).astype(np.float32)
+    ds = chute.write(({"r": r} for r in records), tmp_path / "ds", shard_size=100_000)
+    assert len(ds.shards) >= 8
+    order = [23, 0, 11, 5, 5, 17, 2, 23]
+    _assert_tensor_equal(ds.get_batch(order)["r"], records[order])

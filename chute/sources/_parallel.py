@@ -1,0 +1,121 @@
+"""Run a per-chunk function in reader processes and get the results back in order.
+
+The converters read and decode many small files (unpickle, gunzip, parse JSON).
+That work holds the GIL, so it runs in a ``ProcessPoolExecutor`` while the main
+process writes the shards. Items are sent in chunks (one task per file would cost
+more in pickling than the read itself), a bounded number of chunks is in flight
+(so memory stays flat however long the source is), and results are yielded in
+submission order, so the dataset's row order is the source's order whatever the
+number of workers.
+
+Everything handed to the pool is a top-level function and picklable arguments,
+so this works with every start method (``fork``, ``forkserver``, ``spawn``).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+from chute.errors import ChuteError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MAX_CHUNK = 256
+MIN_CHUNK = 8
+
+
+def resolve_workers(workers: int | None) -> int:
+    """The number of reader processes: None means one per CPU; 0 or 1 mean none (read in-process)."""
+    if workers is None:
+        return os.cpu_count() or 1
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    return workers
+
+
+def chunk_size_for(total: int, workers: int) -> int:
+    """A chunk size giving each worker several chunks (load balance) but not tiny ones (overhead)."""
+    per_worker = total // max(1, workers * 4)
+    return max(MIN_CHUNK, min(MAX_CHUNK, per_worker))
+
+
+def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _ignore_sigint() -> None:
+    """Worker initializer: Ctrl-C is handled by the main process, which shuts the pool down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class OrderedPool:
+    """``map`` a function over chunks in ``workers`` processes, results in input order.
+
+    With ``workers`` 0 or 1 the function runs in this process (no pickling: handy in
+    tests and for tiny sources). Use as a context manager: leaving the block after an
+    error or a KeyboardInterrupt cancels the chunks not yet started and does not wait
+    for the pool.
+    """
+
+    def __init__(self, workers: int | None, *, start_method: str | None = None) -> None:
+        self.workers = resolve_workers(workers)
+        self.start_method = start_method
+        self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> OrderedPool:
+        if self.workers > 1:
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context(self.start_method),
+                initializer=_ignore_sigint,
+            )
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            # after an error, drop queued chunks and do not block on running ones
+            executor.shutdown(wait=exc_type is None, cancel_futures=True)
+
+    def map(self, fn: Callable[[Sequence[T]], list[R]], chunks: Iterable[Sequence[T]]) -> Iterator[R]:
+        """Yield ``fn(chunk)``'s results, chunk after chunk, in the order of ``chunks``."""
+        if self._executor is None:
+            for chunk in chunks:
+                yield from fn(chunk)
+            return
+        pending: collections.deque[concurrent.futures.Future[list[R]]] = collections.deque()
+        source = iter(chunks)
+        limit = 2 * self.workers
+        try:
+            for chunk in source:
+                pending.append(self._executor.submit(fn, chunk))
+                if len(pending) >= limit:
+                    break
+            while pending:
+                results = pending.popleft().result()
+                chunk = next(source, None)
+                if chunk is not None:  # keep the pool busy while the caller consumes
+                    pending.append(self._executor.submit(fn, chunk))
+                yield from results
+        except BrokenProcessPool:
+            raise ChuteError(
+                "a reader process died (killed by the system, out of memory?); run again with "
+                "fewer workers (--workers) or workers=0 to read in this process"
+            ) from None
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def call_chunk(fn: Callable[..., Any], kwargs: dict[str, Any], chunk: Sequence[Any]) -> list[Any]:
+    """``[fn(item, **kwargs) for item in chunk]``: a picklable per-item adapter for ``map``."""
+    return [fn(item, **kwargs) for item in chunk]
