@@ -551,7 +551,10 @@ class DevicePrefetcher(Iterator[Any]):
         )
         del iterator  # the thread owns it and closes it
         # weakref.finalize runs _stop when this object is collected, or at
-        # interpreter exit (atexit) if it is still alive then.
+        # interpreter exit (atexit) if it is still alive then: that is how the
+        # thread normally ends. It is a daemon only so that a thread stuck in
+        # the source's next() cannot block exit: the interpreter joins
+        # non-daemon threads *before* it runs atexit hooks.
         self._finalizer = weakref.finalize(
             self, _stop, self._channel, self.thread, shutdown_timeout
         )

@@ -395,21 +395,26 @@ def test_thread_stops_when_the_consumer_leaves(how):
     if how == "break":
         for b in loader:
             if b.item() == 3:
+                assert device_threads()  # the check below is not vacuous
                 break
     elif how == "del":
         it = iter(loader)
         next(it)
+        assert device_threads()
         del it
     elif how == "consumer_error":
         with pytest.raises(RuntimeError):
             for _ in loader:
+                assert device_threads()
                 raise RuntimeError("loss is nan")
     elif how == "close":
         with iter(loader) as it:
             next(it)
+            assert device_threads()
     else:
         it = iter(loader)
         next(it)
+        assert device_threads()
         loader.close()
         with pytest.raises(StopIteration):
             next(it)
@@ -611,6 +616,7 @@ def test_cuda_values_match_host_while_the_consumer_is_slow(user_stream):
     loader = to_device(source(), device, depth=2)
     stream = torch.cuda.Stream(device) if user_stream else torch.cuda.current_stream(device)
     errors = torch.zeros((), dtype=torch.int64, device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # errors is zeroed before use
     count = 0
     with torch.cuda.stream(stream):
         for step, batch in enumerate(loader):

@@ -1,0 +1,113 @@
+"""Convert an image-classification folder (``root/<class name>/.../<image>``) into a chute dataset.
+
+The layout torchvision's ``ImageFolder`` reads. Each image becomes one row:
+
+* ``image``: the file's encoded bytes (JPEG, PNG, ...: not decoded, so nothing is
+  lost and the dataset stays small; decode at load time);
+* ``label``: the index of its class in the sorted class names (int64);
+* ``path``: the file's path relative to ``root`` (``/``-separated).
+
+The class names are stored in the dataset's metadata (``ds.metadata["class_names"]``).
+Rows are sorted by class, then by path, so converting twice gives the same dataset.
+Files that are not images (by extension) are skipped and counted; hidden files and
+directories (names starting with ``.``) are ignored.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+
+import chute
+from chute.errors import ChuteError
+from chute.format.schema import Bytes, Scalar, String
+from chute.sources._files import IMAGE_EXTENSIONS
+from chute.sources._parallel import OrderedPool, call_chunk, chunk_size_for, chunked
+from chute.sources._progress import Progress
+from chute.sources._write import DEFAULT_SHARD_SIZE, write_samples
+
+SCHEMA = {"image": Bytes(), "label": Scalar("int64"), "path": String()}
+
+
+def list_images(root: str, extensions: frozenset[str] = IMAGE_EXTENSIONS) -> tuple[list[str], list[tuple[str, int]], list[str]]:
+    """``(class names, [(relative path, label)], skipped relative paths)`` of an image folder."""
+    classes = sorted(
+        entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith(".")
+    )
+    images: list[tuple[str, int]] = []
+    skipped = sorted(
+        entry.name for entry in os.scandir(root) if entry.is_file() and not entry.name.startswith(".")
+    )
+    for label, name in enumerate(classes):
+        for path in _walk_files(os.path.join(root, name)):
+            relative = os.path.relpath(path, root).replace(os.sep, "/")
+            if os.path.splitext(path)[1].lower() in extensions:
+                images.append((relative, label))
+            else:
+                skipped.append(relative)
+    return classes, images, skipped
+
+
+def _walk_files(top: str) -> Iterator[str]:
+    """Files under ``top`` in sorted order (directories and files sorted by name at each level)."""
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith("."):
+                yield os.path.join(dirpath, name)
+
+
+def read_image_bytes(path: str) -> bytes:
+    """The encoded bytes of one image file."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def from_image_folder(
+    root: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    extensions: frozenset[str] | None = None,
+    workers: int | None = None,
+    start_method: str | None = None,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> chute.Dataset:
+    """Convert ``root/<class name>/**/<image>`` to columns ``image`` (bytes), ``label``, ``path``.
+
+    ``label`` indexes ``ds.metadata["class_names"]`` (the sorted class directory names).
+    ``extensions`` (lower case, with the dot) replaces the default image extensions
+    (.jpg .jpeg .png .webp .bmp .gif .tif .tiff). Files are read by ``workers`` processes.
+    """
+    top = os.fspath(root)
+    if not os.path.isdir(top):
+        raise ChuteError(f"image folder {top} does not exist or is not a directory")
+    exts = frozenset(e.lower() for e in extensions) if extensions is not None else IMAGE_EXTENSIONS
+    classes, images, skipped = list_images(top, exts)
+    if not images:
+        raise ChuteError(
+            f"found no images in {top}: expected {top}/<class name>/<image> with extensions "
+            f"{' '.join(sorted(exts))} ({len(classes)} class director(ies), {len(skipped)} other file(s))"
+        )
+    bar = Progress(len(images), "chute convert (images)", enabled=progress, unit="images")
+    if skipped:
+        bar.note(f"skipping {len(skipped)} file(s) that are not images or not in a class directory, e.g. {skipped[0]}")
+    paths = [os.path.join(top, relative) for relative, _ in images]
+    with OrderedPool(workers, start_method=start_method) as pool:
+        read = functools.partial(call_chunk, read_image_bytes, {})
+        contents = pool.map(read, chunked(paths, chunk_size_for(len(paths), pool.workers)))
+        samples = (
+            ({"image": data, "label": label, "path": relative}, f"image {relative}")
+            for (relative, label), data in zip(images, contents)
+        )
+        return write_samples(
+            samples,
+            dst,
+            progress=bar,
+            schema=SCHEMA,
+            metadata={"class_names": classes, "source": {"kind": "images", "skipped_files": len(skipped)}},
+            shard_size=shard_size,
+            overwrite=overwrite,
+        )
