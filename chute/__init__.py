@@ -6,6 +6,7 @@ batched tensors, and find out when the data side is what slows training down.
 
 __version__ = "0.1.0"
 
+from chute.device import DeviceLoader, to_device
 from chute.errors import ChuteError, ManifestError, PickleRefusedError, SchemaError, ShardError
 from chute.format import (
     Bytes,
@@ -27,4 +28,5 @@ __all__ = [
     "ChuteError", "ManifestError", "SchemaError", "ShardError", "PickleRefusedError",
     "open", "write", "Writer", "Dataset", "Schema",
     "Tensor", "Ragged", "Scalar", "Bytes", "String", "Map", "Json",
+    "to_device", "DeviceLoader",
 ]

@@ -293,8 +293,14 @@ class Schema:
 _PY_NUMBER = (bool, int, float)
 
 
+_NUMPY_NAMES = {np.dtype(name): name for name in _DTYPES if name != "bfloat16"}
+_NUMPY_NAMES[np.dtype(np.bool_)] = "bool"
+
+
 def _value_dtype(value: Any) -> str | None:
     """The chute dtype of a numpy/torch dtype, or None if chute cannot store it."""
+    if isinstance(value, np.dtype):
+        return _NUMPY_NAMES.get(value)
     name = str(value).removeprefix("torch.")
     return name if name in _DTYPES else None
 
