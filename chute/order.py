@@ -1,0 +1,267 @@
+"""The global order: which sample each rank delivers in each batch.
+
+Pure functions of numbers: no threads, no files. Everything downstream follows
+this order, so it is what makes a run reproducible and resumable.
+
+The epoch's **global order** is a permutation of all rows:
+
+* ``shuffle=False``: rows in dataset order.
+* ``shuffle=True``: the shards are permuted, then cut into windows of
+  ``window`` consecutive (permuted) shards, and the rows of each window are
+  permuted. A window's rows are read together, so only a few shards need to be
+  resident at once (the cache can stream the rest).
+
+Permutations come from a keyed Feistel network over integers (not from numpy's
+generators, whose streams may change between numpy versions), so the same
+``(seed, epoch)`` gives the same order on any machine and any version.
+
+The global order is consumed in **steps**: each step takes the next
+``batch_size * world_size`` rows and rank ``r`` delivers the ``r``-th slice of
+``batch_size`` rows. The position reached (``consumed``) is the whole resume
+state: from it the rest of the epoch can be cut for any world size, and every
+row is still delivered exactly once. The last, partial step (``drop_last=False``)
+gives every rank the same number of rows ``ceil(rest / world_size)``; the few
+missing ones are padded with the first rows of the epoch's global order. With
+``drop_last=True`` the partial step is dropped. Every rank therefore delivers the
+same number of batches.
+
+Within a batch, rows are grouped by shard (keeping their order otherwise), so
+the reader gathers each shard's rows with one copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator
+
+import numpy as np
+
+DEFAULT_WINDOW = 4
+"""Shards per shuffle window."""
+
+_M64 = (1 << 64) - 1
+_ROUNDS = 6
+_CHUNK = 1 << 20  # positions permuted per numpy pass, to bound temporary memory
+
+
+def _splitmix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _key(*parts: int) -> int:
+    """A 64-bit key derived from integers (seed, epoch, purpose, ...)."""
+    h = 0x6A09E667F3BCC908
+    for part in parts:
+        h = _splitmix(h ^ (int(part) & _M64))
+    return h
+
+
+def _mix(x: np.ndarray, key: np.uint64) -> np.ndarray:
+    """splitmix64's finaliser of ``x ^ key``, element-wise on uint64 (wrapping)."""
+    x = x ^ key
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def permutation(n: int, key: int) -> np.ndarray:
+    """A pseudo-random permutation of ``range(n)`` determined by ``key`` (int64 array).
+
+    A balanced Feistel network is a bijection on ``[0, 4**h)``; the values below
+    ``n``, taken in order of their position, are a permutation of ``range(n)``.
+    """
+    if n <= 1:
+        return np.zeros(n, dtype=np.int64)
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half) - 1)
+    shift = np.uint64(half)
+    round_keys = [np.uint64(_key(key, r)) for r in range(_ROUNDS)]
+    parts = []
+    for start in range(0, 1 << (2 * half), _CHUNK):
+        v = np.arange(start, min(start + _CHUNK, 1 << (2 * half)), dtype=np.uint64)
+        left, right = v >> shift, v & mask
+        for rk in round_keys:
+            left, right = right, left ^ (_mix(right, rk) & mask)
+        out = (left << shift) | right
+        parts.append(out[out < np.uint64(n)])
+    return np.concatenate(parts).astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Order:
+    """The order of one dataset's rows for a given batch size, shuffle and seed.
+
+    ``shard_rows`` are the row counts of the shards in dataset order. Methods take
+    the epoch, the world size and the resume position, so one ``Order`` serves
+    every epoch and any number of ranks.
+    """
+
+    shard_rows: tuple[int, ...]
+    batch_size: int
+    shuffle: bool = False
+    seed: int = 0
+    window: int = DEFAULT_WINDOW
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shard_rows", tuple(int(r) for r in self.shard_rows))
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.window < 1:
+            raise ValueError(f"window must be at least 1 shard, got {self.window}")
+        if any(r < 0 for r in self.shard_rows):
+            raise ValueError("shard row counts cannot be negative")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed}")
+        object.__setattr__(self, "_cache", {})
+
+    def _cached(self, key: tuple, make):
+        """A small per-instance memo (the last few windows; hashing ``self`` would cost O(shards))."""
+        cache = self._cache
+        if key not in cache:
+            if len(cache) >= 8:
+                cache.pop(next(iter(cache)))
+            cache[key] = make()
+        return cache[key]
+
+    # ------------------------------------------------------------------ the global order
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        """First global row of each shard, plus the total at the end."""
+        offsets = np.zeros(len(self.shard_rows) + 1, dtype=np.int64)
+        np.cumsum(self.shard_rows, out=offsets[1:])
+        return offsets
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.offsets[-1])
+
+    def _windows(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's shard order and the first global-order position of each window."""
+        return self._cached(("windows", epoch), lambda: self._make_windows(epoch))
+
+    def _make_windows(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        shards = permutation(len(self.shard_rows), _key(self.seed, epoch, 0))
+        rows = np.asarray(self.shard_rows, dtype=np.int64)[shards]
+        sizes = [int(rows[a : a + self.window].sum()) for a in range(0, len(shards), self.window)]
+        starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        return shards, starts
+
+    def _window_rows(self, epoch: int, w: int) -> np.ndarray:
+        """Global row ids of window ``w`` of ``epoch``, in their shuffled order."""
+        return self._cached(("rows", epoch, w), lambda: self._make_window_rows(epoch, w))
+
+    def _make_window_rows(self, epoch: int, w: int) -> np.ndarray:
+        shards, _ = self._windows(epoch)
+        members = shards[w * self.window : (w + 1) * self.window]
+        rows = np.concatenate([np.arange(self.offsets[s], self.offsets[s + 1]) for s in members])
+        return rows[permutation(len(rows), _key(self.seed, epoch, 1, w))]
+
+    def positions(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """Rows at positions ``[start, stop)`` of the epoch's global order."""
+        start, stop = max(0, start), min(stop, self.num_rows)
+        if stop <= start:
+            return np.zeros(0, dtype=np.int64)
+        if not self.shuffle:
+            return np.arange(start, stop, dtype=np.int64)
+        _, starts = self._windows(epoch)
+        parts = []
+        w = int(np.searchsorted(starts, start, side="right")) - 1
+        while start < stop:
+            w_start, w_stop = int(starts[w]), int(starts[w + 1])
+            take = min(stop, w_stop)
+            parts.append(self._window_rows(epoch, w)[start - w_start : take - w_start])
+            start = take
+            w += 1
+        return np.concatenate(parts)
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        """The whole epoch's global order (for tests and small datasets)."""
+        return self.positions(epoch, 0, self.num_rows)
+
+    # ------------------------------------------------------------------ steps and ranks
+
+    def num_batches(self, world_size: int = 1, consumed: int = 0) -> int:
+        """Batches each rank delivers from position ``consumed`` to the end of the epoch."""
+        _check_world(world_size)
+        rest = max(0, self.num_rows - consumed)
+        step = self.batch_size * world_size
+        full, tail = divmod(rest, step)
+        return full + (1 if tail and not self.drop_last else 0)
+
+    def consumed_after(self, batches: int, world_size: int = 1, consumed: int = 0) -> int:
+        """The position reached once every rank has delivered ``batches`` more batches."""
+        if batches >= self.num_batches(world_size, consumed):
+            return self.num_rows
+        return consumed + batches * self.batch_size * world_size
+
+    def batch(self, epoch: int, step: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> np.ndarray:
+        """The rows rank ``rank`` delivers in step ``step`` counted from position ``consumed``."""
+        _check_world(world_size, rank)
+        n = self.num_batches(world_size, consumed)
+        if not 0 <= step < n:
+            raise IndexError(f"step {step} is outside the {n} batches left in the epoch")
+        size = self.batch_size * world_size
+        first = consumed + step * size
+        if first + size <= self.num_rows:
+            rows = self.positions(epoch, first + rank * self.batch_size, first + (rank + 1) * self.batch_size)
+        else:  # the last, partial step: equal shares, padded from the start of the order
+            rest = self.num_rows - first
+            share = -(-rest // world_size)
+            lo, hi = rank * share, (rank + 1) * share
+            rows = self.positions(epoch, first + lo, first + min(hi, rest))
+            if hi > rest:  # padding: positions 0, 1, ... of the order (cycling if it is short)
+                pad = np.arange(max(lo, rest) - rest, hi - rest) % self.num_rows
+                rows = np.concatenate([rows, self.positions(epoch, 0, int(pad.max()) + 1)[pad]])
+        return self._group_by_shard(rows)
+
+    def batches(self, epoch: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> Iterator[np.ndarray]:
+        """Every batch rank ``rank`` delivers from position ``consumed`` to the end of the epoch."""
+        for step in range(self.num_batches(world_size, consumed)):
+            yield self.batch(epoch, step, rank, world_size, consumed)
+
+    def _group_by_shard(self, rows: np.ndarray) -> np.ndarray:
+        if len(self.shard_rows) <= 1 or len(rows) <= 1:
+            return rows
+        shard = np.searchsorted(self.offsets, rows, side="right")
+        return rows[np.argsort(shard, kind="stable")]
+
+    # ------------------------------------------------------------------ resume state
+
+    def state(self, epoch: int, consumed: int) -> dict[str, int | bool]:
+        """What a checkpoint stores to resume at position ``consumed`` of ``epoch``."""
+        return {
+            "epoch": int(epoch),
+            "consumed": int(consumed),
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "window": self.window,
+            "num_rows": self.num_rows,
+            "num_shards": len(self.shard_rows),
+        }
+
+    def check_state(self, state: dict) -> tuple[int, int]:
+        """Validate a state from :meth:`state` against this order; return ``(epoch, consumed)``."""
+        for key in ("seed", "shuffle", "window", "num_rows", "num_shards"):
+            if key in state and state[key] != self.state(0, 0)[key]:
+                raise ValueError(
+                    f"cannot resume: the saved state has {key}={state[key]!r} but this loader has "
+                    f"{key}={self.state(0, 0)[key]!r}; resuming needs the same dataset, seed, shuffle and window"
+                )
+        consumed = int(state["consumed"])
+        if not 0 <= consumed <= self.num_rows:
+            raise ValueError(f"cannot resume: position {consumed} is outside an epoch of {self.num_rows} rows")
+        return int(state["epoch"]), consumed
+
+
+def _check_world(world_size: int, rank: int = 0) -> None:
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")

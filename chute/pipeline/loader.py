@@ -1,0 +1,227 @@
+"""The Loader: a dataset in, batches in the global order out, resumable at any batch.
+
+    order ──► batch tasks on a thread pool (gather + transform + collate) ──► [device] ──► loop
+
+The order (``chute.order.Order``) says which rows each batch holds; worker
+threads build whole batches (never single samples) and the consumer receives
+them in order. ``state_dict()`` records the position in the global order that
+the *consumer has received*, so a restored Loader continues with exactly the
+next batch, on any number of threads or ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from chute.errors import ChuteError
+from chute.format.reader import Dataset, open_dataset
+from chute.order import DEFAULT_WINDOW, Order
+from chute.pipeline.batch import BatchFns, Loaded, load_batch
+from chute.pipeline.threads import OrderedPool
+
+log = logging.getLogger("chute")
+
+
+def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: the arguments, else torch.distributed's, else ``(0, 1)``."""
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+    rank = 0 if rank is None else int(rank)
+    world_size = 1 if world_size is None else int(world_size)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, world_size={world_size}")
+    return rank, world_size
+
+
+class Loader:
+    """Batches of a chute dataset in a deterministic, resumable global order.
+
+    Args:
+        dataset: a :class:`chute.Dataset` or a path to open.
+        batch_size: samples per batch on this rank.
+        shuffle, seed, window: the order (see ``chute.order``): with ``shuffle``
+            the shards are permuted and samples are permuted within windows of
+            ``window`` shards, from ``(seed, epoch)``.
+        drop_last: drop the last partial step instead of padding it (padding
+            repeats the first samples of the epoch's order so that every rank
+            gets the same number of batches).
+        transform: called on each sample (a dict, as ``dataset[i]``) in a
+            worker thread; its results are collated with ``collate``.
+        batch_transform: called once on each whole batch, last.
+        collate: list of samples -> batch (default ``default_collate``).
+        num_threads: worker threads (default: the CPU count, at most 8).
+        prefetch: batches in flight ahead of the consumer (default 2 per thread).
+        rank, world_size: this process's place (default: torch.distributed's).
+        on_error: ``"raise"`` (default) or ``"skip"`` samples whose transform raises.
+        device: if set (e.g. ``"cuda"``), batches arrive on it, copied on a side
+            stream ahead of use (``chute.to_device``).
+
+    Each ``iter()`` runs one epoch from the loader's position; an epoch that runs
+    to the end advances ``epoch`` by one (or call ``set_epoch``). Breaking out of
+    a pass and iterating again restarts that epoch unless a state was loaded.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset | str | os.PathLike,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
+        collate: Callable[[list[Any]], Any] | None = None,
+        num_threads: int | None = None,
+        workers: str = "threads",
+        prefetch: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        window: int = DEFAULT_WINDOW,
+        on_error: str = "raise",
+        device: Any = None,
+    ) -> None:
+        self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
+        self.batch_size = int(batch_size)
+        self.order = Order(
+            tuple(s.rows for s in self.dataset.shards), self.batch_size, bool(shuffle), int(seed), int(window), bool(drop_last)
+        )
+        self.fns = BatchFns(transform, batch_transform, collate, on_error)
+        self.rank, self.world_size = distributed_defaults(rank, world_size)
+        if workers not in ("threads", "processes"):
+            raise ValueError(f"workers must be 'threads' or 'processes', got {workers!r}")
+        self.workers = workers
+        self.num_threads = max(1, int(num_threads) if num_threads is not None else min(8, os.cpu_count() or 1))
+        self.prefetch = max(1, int(prefetch) if prefetch is not None else 2 * self.num_threads)
+        self.device = device
+        self.epoch = 0
+        self._start = 0  # position in the global order where the next pass starts
+        self._pass: _Pass | None = None
+        self.skipped: list[int] = []
+
+    # ------------------------------------------------------------------ epochs and length
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run ``epoch`` next (from its start, unless a loaded state is in this epoch)."""
+        if epoch != self.epoch:
+            self.epoch = int(epoch)
+            self._start = 0
+
+    def __len__(self) -> int:
+        """Batches the next pass delivers on this rank."""
+        return self.order.num_batches(self.world_size, self._start)
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the consumer is: the epoch and the global position of what it has received."""
+        current = self._pass
+        if current is None:
+            epoch, consumed = self.epoch, self._start
+        else:
+            epoch, consumed = current.epoch, self.order.consumed_after(current.received, self.world_size, current.start)
+        if consumed >= self.order.num_rows and self.order.num_rows:
+            epoch, consumed = epoch + 1, 0
+        state = self.order.state(epoch, consumed)
+        state["batch_size"] = self.batch_size
+        state["world_size"] = self.world_size
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`, possibly of another world size)."""
+        try:
+            epoch, consumed = self.order.check_state(state)
+        except ValueError as exc:
+            raise ChuteError(str(exc)) from None
+        if consumed >= self.order.num_rows and self.order.num_rows:
+            epoch, consumed = epoch + 1, 0
+        self.epoch, self._start, self._pass = epoch, consumed, None
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        state = _Pass(self.epoch, self._start)
+        self._pass = state
+        if self.device is None or str(self.device) == "cpu":
+            return self._deliver(state, self._host_batches(state))
+        from chute.device import DeviceCopier, DevicePrefetcher
+
+        prefetcher = DevicePrefetcher(self._host_batches(state), DeviceCopier(self.device), depth=2)
+        return self._deliver(state, prefetcher)
+
+    def _host_batches(self, state: _Pass) -> Iterator[tuple[int, Any]]:
+        """``(step, batch)`` for every step of the pass, built by the worker threads."""
+        task = _Task(self.dataset, self.order, self.fns, state.epoch, state.start, self.rank, self.world_size)
+        pool = OrderedPool(task, self.num_threads, self.prefetch, name=f"chute-loader-r{self.rank}")
+        finalizer = weakref.finalize(self, pool.close)
+        try:
+            steps = range(self.order.num_batches(self.world_size, state.start))
+            for step, loaded in zip(steps, pool.map(steps)):
+                state.skipped.extend(loaded.skipped)
+                yield step, loaded.batch
+        finally:
+            finalizer.detach()
+            stuck = pool.close()
+            if stuck:
+                log.warning("chute: %d loader thread(s) still busy after shutdown: %s", len(stuck), [t.name for t in stuck])
+
+    def _deliver(self, state: _Pass, batches: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+        try:
+            for step, batch in batches:
+                state.received = step + 1
+                if batch is not None:
+                    yield batch
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+            if state.skipped:
+                self.skipped.extend(state.skipped)
+                log.warning(
+                    "chute: skipped %d sample(s) whose transform raised in epoch %d (first: %s)",
+                    len(state.skipped), state.epoch, state.skipped[:10],
+                )
+        if state.received == self.order.num_batches(self.world_size, state.start) and self._pass is state:
+            self.epoch, self._start, self._pass = state.epoch + 1, 0, None
+
+    def __repr__(self) -> str:
+        return (
+            f"chute.Loader({self.dataset.root!r}, batch_size={self.batch_size}, shuffle={self.order.shuffle}, "
+            f"rank={self.rank}/{self.world_size}, threads={self.num_threads}, prefetch={self.prefetch})"
+        )
+
+
+class _Pass:
+    """Progress of one iteration over an epoch."""
+
+    __slots__ = ("epoch", "start", "received", "skipped")
+
+    def __init__(self, epoch: int, start: int) -> None:
+        self.epoch = epoch
+        self.start = start
+        self.received = 0
+        self.skipped: list[int] = []
+
+
+class _Task:
+    """Builds batch ``step`` of one pass (runs in a worker thread)."""
+
+    def __init__(self, dataset: Dataset, order: Order, fns: BatchFns, epoch: int, start: int, rank: int, world_size: int) -> None:
+        self.dataset, self.order, self.fns = dataset, order, fns
+        self.epoch, self.start, self.rank, self.world_size = epoch, start, rank, world_size
+
+    def indices(self, step: int) -> np.ndarray:
+        return self.order.batch(self.epoch, step, self.rank, self.world_size, self.start)
+
+    def __call__(self, step: int) -> Loaded:
+        return load_batch(self.dataset, self.indices(step), self.fns)
