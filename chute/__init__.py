@@ -22,12 +22,12 @@ from chute.format import (
     write,
 )
 from chute.format import open_dataset as open
-from chute.pipeline import Loader
+from chute.pipeline import Loader, TorchIterable
 
 __all__ = [
     "__version__",
     "ChuteError", "ManifestError", "SchemaError", "ShardError", "PickleRefusedError",
     "open", "write", "Writer", "Dataset", "Schema",
     "Tensor", "Ragged", "Scalar", "Bytes", "String", "Map", "Json",
-    "to_device", "DeviceLoader", "Loader",
+    "to_device", "DeviceLoader", "Loader", "TorchIterable",
 ]

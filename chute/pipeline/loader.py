@@ -107,6 +107,7 @@ class Loader:
         self.epoch = 0
         self._start = 0  # position in the global order where the next pass starts
         self._pass: _Pass | None = None
+        self._processes = None
         self.skipped: list[int] = []
 
     # ------------------------------------------------------------------ epochs and length
@@ -160,20 +161,53 @@ class Loader:
         return self._deliver(state, prefetcher)
 
     def _host_batches(self, state: _Pass) -> Iterator[tuple[int, Any]]:
-        """``(step, batch)`` for every step of the pass, built by the worker threads."""
-        task = _Task(self.dataset, self.order, self.fns, state.epoch, state.start, self.rank, self.world_size)
-        pool = OrderedPool(task, self.num_threads, self.prefetch, name=f"chute-loader-r{self.rank}")
-        finalizer = weakref.finalize(self, pool.close)
+        """``(step, batch)`` for every step of the pass, built by the workers."""
+        steps = range(self.order.num_batches(self.world_size, state.start))
+        if self.workers == "processes":
+            results = self._process_pool().map(state.epoch, state.start, steps)
+            pool = None
+        else:
+            task = _Task(self.dataset, self.order, self.fns, state.epoch, state.start, self.rank, self.world_size)
+            pool = OrderedPool(task, self.num_threads, self.prefetch, name=f"chute-loader-r{self.rank}")
+            results = pool.map(steps)
+        finalizer = weakref.finalize(self, pool.close) if pool is not None else None
         try:
-            steps = range(self.order.num_batches(self.world_size, state.start))
-            for step, loaded in zip(steps, pool.map(steps)):
+            for step, loaded in zip(steps, results):
                 state.skipped.extend(loaded.skipped)
                 yield step, loaded.batch
         finally:
-            finalizer.detach()
-            stuck = pool.close()
-            if stuck:
-                log.warning("chute: %d loader thread(s) still busy after shutdown: %s", len(stuck), [t.name for t in stuck])
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()  # a process pool's pass: cancel what it has queued
+            if pool is not None:
+                finalizer.detach()
+                stuck = pool.close()
+                if stuck:
+                    log.warning("chute: %d loader thread(s) still busy after shutdown: %s", len(stuck), [t.name for t in stuck])
+
+    def _process_pool(self):
+        """The worker processes (started on first use, kept across epochs until ``close``)."""
+        if self._processes is None:
+            from chute.pipeline.processes import ProcessPool
+
+            self._processes = ProcessPool(
+                self.dataset, self.order, self.fns, self.rank, self.world_size, workers=self.num_threads, depth=self.prefetch
+            )
+            self._processes_finalizer = weakref.finalize(self, self._processes.close)
+        return self._processes
+
+    def close(self) -> None:
+        """Stop worker processes, if any (threads stop at the end of each pass)."""
+        if self._processes is not None:
+            self._processes_finalizer.detach()
+            self._processes.close()
+            self._processes = None
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _deliver(self, state: _Pass, batches: Iterator[tuple[int, Any]]) -> Iterator[Any]:
         try:

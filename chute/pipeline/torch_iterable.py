@@ -1,0 +1,68 @@
+"""``TorchIterable``: a chute dataset as a torch ``IterableDataset`` of whole batches.
+
+For code that wants a plain ``torch.utils.data.DataLoader`` (Lightning, the HF
+Trainer)::
+
+    batches = chute.TorchIterable(ds, batch_size=256, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=4)
+
+Each item is one batch in chute's global order. DataLoader worker ``w`` of ``n``
+builds steps ``w, w + n, w + 2n, ...``; the DataLoader takes one item from each
+worker in turn, so the stream is the same whatever ``num_workers`` is. Call
+``set_epoch`` before each epoch (with ``persistent_workers=False``, the default,
+the workers see it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from chute.format.reader import Dataset, open_dataset
+from chute.order import DEFAULT_WINDOW, Order
+from chute.pipeline.batch import BatchFns, load_batch
+from chute.pipeline.loader import distributed_defaults
+
+
+class TorchIterable(torch.utils.data.IterableDataset):
+    """Batches of a chute dataset, for ``DataLoader(..., batch_size=None)``."""
+
+    def __init__(
+        self,
+        dataset: Dataset | str | os.PathLike,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
+        collate: Callable[[list[Any]], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        window: int = DEFAULT_WINDOW,
+        on_error: str = "raise",
+    ) -> None:
+        self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
+        self.order = Order(tuple(s.rows for s in self.dataset.shards), int(batch_size), shuffle, seed, window, drop_last)
+        self.fns = BatchFns(transform, batch_transform, collate, on_error)
+        self.rank, self.world_size = distributed_defaults(rank, world_size)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.order.num_batches(self.world_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for step in range(worker, len(self), workers):
+            indices = self.order.batch(self.epoch, step, self.rank, self.world_size)
+            loaded = load_batch(self.dataset, indices, self.fns)
+            if loaded.batch is not None:
+                yield loaded.batch
