@@ -26,51 +26,8 @@ import torch
 
 import chute
 
-SHAPES = {
-    "w2": dict(rows=200_000, shape=(3, 32, 32), dtype=np.uint8, batch=256, label=True),
-    "w3": dict(rows=2_000, shape=(262_144,), dtype=np.float32, batch=8, label=False),
-}
-
-
-def build(name: str, root: str) -> tuple[chute.Dataset, np.ndarray]:
-    """Write (once) and open the chute dataset, and a raw .npy copy for the baselines."""
-    spec = SHAPES[name]
-    path = os.path.join(root, name)
-    raw = os.path.join(root, f"{name}.npy")
-    if not os.path.exists(raw):
-        rng = np.random.default_rng(0)
-        data = np.lib.format.open_memmap(raw, mode="w+", dtype=spec["dtype"], shape=(spec["rows"], *spec["shape"]))
-        for a in range(0, spec["rows"], 10_000):
-            chunk = data[a : a + 10_000]
-            chunk[...] = rng.integers(0, 255, chunk.shape) if spec["dtype"] == np.uint8 else rng.standard_normal(chunk.shape)
-        data.flush()
-        del data
-    if not os.path.exists(os.path.join(path, "manifest.json")):
-        data = np.load(raw, mmap_mode="r")
-        samples = ({"x": data[i], "label": i} if spec["label"] else {"x": data[i]} for i in range(spec["rows"]))
-        chute.write(samples, path, overwrite=True)
-    ds = chute.open(path)
-    for i in range(len(ds.shards)):  # warm the page cache
-        with open(ds.shard_path(i), "rb") as f:
-            while f.read(64 << 20):
-                pass
-    return ds, np.load(raw, mmap_mode="r")
-
-
-class MemmapDataset(torch.utils.data.Dataset):
-    """The usual map-style Dataset over a numpy memmap (one sample per __getitem__)."""
-
-    def __init__(self, path: str, label: bool) -> None:
-        self.path, self.label, self.data = path, label, None
-
-    def __len__(self) -> int:
-        return len(np.load(self.path, mmap_mode="r"))
-
-    def __getitem__(self, i: int):
-        if self.data is None:  # open lazily so each worker maps the file itself
-            self.data = np.load(self.path, mmap_mode="r")
-        x = torch.from_numpy(np.array(self.data[i]))
-        return (x, i) if self.label else x
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _data import SHAPES, MemmapDataset, array_dataset  # noqa: E402
 
 
 def timed(fn, batches: list[np.ndarray], repeats: int) -> float:
@@ -100,7 +57,8 @@ def dataloader_rate(path: str, label: bool, batch: int, samples: int, workers: i
 
 def run(name: str, root: str, repeats: int) -> list[tuple[str, float, float]]:
     spec = SHAPES[name]
-    ds, raw = build(name, root)
+    ds, raw_path = array_dataset(name, root)
+    raw = np.load(raw_path, mmap_mode="r")
     row_bytes = int(np.prod(spec["shape"])) * np.dtype(spec["dtype"]).itemsize + (8 if spec["label"] else 0)
     ram = np.array(raw)  # the in-RAM copy: the limit
     labels = np.arange(spec["rows"], dtype=np.int64)

@@ -88,7 +88,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from chute.demo import run_demo
 
-    run_demo(files=args.files, workers=args.workers, keep=args.keep)
+    run_demo(files=args.files, workers=args.workers, keep=args.keep, steps=args.steps)
     return 0
 
 
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="generate a many-small-pickles dataset, convert it, and compare reading it with chute vs a torch DataLoader")
     p.add_argument("--files", type=int, default=2000, help="number of per-sample .pkl.gz files to generate (default 2000)")
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers for the baseline (default: CPU count)")
+    p.add_argument("--steps", type=int, default=300, help="training steps for the tiny-model comparison (default 300)")
     p.add_argument("--keep", action="store_true", help="keep the generated files and dataset")
     p.set_defaults(run=_demo)
     return parser

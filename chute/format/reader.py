@@ -191,13 +191,15 @@ class Dataset:
             raise TypeError(f"dataset indices must be integers, not {type(index).__name__}; use get_batch for many rows")
         if index < 0:
             index += len(self)
-        batch = self.get_batch([index])
-        sample = {}
+        number, row = self.locate(index)
+        shard = self.shard(number)
+        sample: dict[str, Any] = {}
         for name, ctype in self.schema:
-            value = batch[name][0]
-            if isinstance(ctype, Scalar):
-                value = value.item()
-            sample[name] = value
+            if isinstance(ctype, FIXED_SIZE):
+                value = shard.fixed[name][row].clone().view(torch_dtype(ctype.dtype))
+                sample[name] = value.item() if isinstance(ctype, Scalar) else value.view(ctype.shape)
+            else:
+                sample[name] = _decode(shard.columns[name].slice(row, 1), ctype)[0]
         return sample
 
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor, out: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
