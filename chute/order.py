@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -118,15 +119,30 @@ class Order:
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed}")
         object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_cache_lock", threading.Lock())
+
+    def __getstate__(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        self.__post_init__()
 
     def _cached(self, key: tuple, make):
-        """A small per-instance memo (the last few windows; hashing ``self`` would cost O(shards))."""
-        cache = self._cache
-        if key not in cache:
-            if len(cache) >= 8:
-                cache.pop(next(iter(cache)))
-            cache[key] = make()
-        return cache[key]
+        """A small per-instance memo of the last few windows, shared by the loader's threads.
+
+        (``functools.lru_cache`` would hash ``self``, which costs O(shards) per call.)
+        """
+        with self._cache_lock:
+            value = self._cache.get(key)
+        if value is None:
+            value = make()  # outside the lock: two threads may both compute it, harmlessly
+            with self._cache_lock:
+                if len(self._cache) >= 8:
+                    self._cache.pop(next(iter(self._cache)))
+                self._cache[key] = value
+        return value
 
     # ------------------------------------------------------------------ the global order
 
@@ -190,6 +206,8 @@ class Order:
     def num_batches(self, world_size: int = 1, consumed: int = 0) -> int:
         """Batches each rank delivers from position ``consumed`` to the end of the epoch."""
         _check_world(world_size)
+        if consumed < 0:
+            raise ValueError(f"consumed cannot be negative, got {consumed}")
         rest = max(0, self.num_rows - consumed)
         step = self.batch_size * world_size
         full, tail = divmod(rest, step)
@@ -244,11 +262,19 @@ class Order:
             "window": self.window,
             "num_rows": self.num_rows,
             "num_shards": len(self.shard_rows),
+            "layout": self.layout,
         }
+
+    @functools.cached_property
+    def layout(self) -> str:
+        """A fingerprint of the shard row counts: the order depends on them, not only on their sum."""
+        import hashlib
+
+        return hashlib.blake2b(np.asarray(self.shard_rows, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
 
     def check_state(self, state: dict) -> tuple[int, int]:
         """Validate a state from :meth:`state` against this order; return ``(epoch, consumed)``."""
-        for key in ("seed", "shuffle", "window", "num_rows", "num_shards"):
+        for key in ("seed", "shuffle", "window", "num_rows", "num_shards", "layout"):
             if key in state and state[key] != self.state(0, 0)[key]:
                 raise ValueError(
                     f"cannot resume: the saved state has {key}={state[key]!r} but this loader has "

@@ -59,7 +59,13 @@ class Loader:
             worker thread; its results are collated with ``collate``.
         batch_transform: called once on each whole batch, last.
         collate: list of samples -> batch (default ``default_collate``).
-        num_threads: worker threads (default: the CPU count, at most 8).
+        num_threads: worker threads (default: the CPU count, at most 8), or worker
+            processes with ``workers="processes"``.
+        workers: ``"threads"`` (default: the gather and decoding release the GIL)
+            or ``"processes"`` for transforms that hold the GIL: batches are built in
+            spawned processes and come back through a shared-memory ring of
+            ``prefetch`` slots; functions must be module-level. Stopped by
+            ``close()``/``with``, garbage collection or interpreter exit.
         prefetch: batches in flight ahead of the consumer (default 2 per thread).
         rank, world_size: this process's place (default: torch.distributed's).
         on_error: ``"raise"`` (default) or ``"skip"`` samples whose transform raises.
@@ -100,6 +106,10 @@ class Loader:
         self.rank, self.world_size = distributed_defaults(rank, world_size)
         if workers not in ("threads", "processes"):
             raise ValueError(f"workers must be 'threads' or 'processes', got {workers!r}")
+        if workers == "processes":
+            from chute.pipeline.processes import check_picklable
+
+            check_picklable(self.fns)  # a lambda fails here, not at the first batch
         self.workers = workers
         self.num_threads = max(1, int(num_threads) if num_threads is not None else min(8, os.cpu_count() or 1))
         self.prefetch = max(1, int(prefetch) if prefetch is not None else 2 * self.num_threads)

@@ -245,7 +245,7 @@ def _plan_nested(name: str, t: pa.DataType, get: Callable[[pa.Array], pa.Array],
     else:
         ctype = Ragged(dtype, len(levels))
         return Column(name, ctype, lambda a: _ragged_rows(get(a)))
-    if 0 in shape:  # chute tensors need a positive size; an always-empty array is ragged
+    if 0 in shape:  # an always-empty array: stored ragged rather than as a zero-byte tensor
         return Column(name, Ragged(dtype, len(levels)), lambda a: _ragged_rows(get(a)))
     return Column(name, Tensor(dtype, shape), lambda a: _tensor_rows(get(a), shape))
 
@@ -347,6 +347,14 @@ def batch_samples(
         values = [_column_values(part, c, where, row0) for c in columns]
         for i, row in enumerate(zip(*values)):
             yield dict(zip(names, row)), f"{where} row {row0 + i}"
+
+
+def number_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(row number of the batch's first row, batch)`` for each batch."""
+    row = 0
+    for batch in batches:
+        yield row, batch
+        row += batch.num_rows
 
 
 def _column_values(batch: pa.RecordBatch, column: Column, where: str, row0: int) -> Sequence[Any]:

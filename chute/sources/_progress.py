@@ -18,8 +18,8 @@ LOG_INTERVAL = 5.0
 
 
 def format_duration(seconds: float) -> str:
-    """``75.4`` -> ``'1:15'``; ``3725`` -> ``'1:02:05'``."""
-    seconds = int(round(seconds))
+    """``75.9`` -> ``'1:15'``; ``3725`` -> ``'1:02:05'`` (whole seconds, rounded down)."""
+    seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

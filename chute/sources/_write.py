@@ -34,6 +34,7 @@ def write_samples(
     *,
     progress: Progress,
     schema: Schema | Mapping[str, ColumnType] | None = None,
+    schema_hint: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     shard_size: int | str = DEFAULT_SHARD_SIZE,
     overwrite: bool = False,
@@ -54,7 +55,8 @@ def write_samples(
             writer.close()
         except SchemaError as exc:
             writer.abort()
-            raise SchemaError(_with_origin(str(exc), recent)) from None
+            message = _with_origin(str(exc), recent)
+            raise SchemaError(f"{message}. With this converter, {schema_hint}" if schema_hint else message) from None
         except BaseException:
             writer.abort()
             raise

@@ -60,8 +60,11 @@ def _walk_files(top: str) -> Iterator[str]:
 
 def read_image_bytes(path: str) -> bytes:
     """The encoded bytes of one image file."""
-    with open(path, "rb") as f:
-        return f.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ChuteError(f"cannot read image {path} ({exc.strerror or exc}); fix or remove it and convert again") from None
 
 
 def from_image_folder(

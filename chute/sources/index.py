@@ -89,7 +89,7 @@ def _read_csv(source: str, delimiter: str, path_column: str | None) -> Index:
         for row in reader:
             if not any(cell.strip() for cell in row):
                 continue  # blank line
-            place = f"{name} row {len(rows) + 1} (line {reader.line_num})"
+            place = f"{name} row {len(rows) + 1}, line {reader.line_num}"
             if len(row) != len(header):
                 raise ChuteError(f"{place} has {len(row)} fields, the header has {len(header)}; fix the index")
             rows.append(row)
@@ -133,7 +133,7 @@ def check_pickles(index: Index, allow_pickle: bool) -> None:
     pickles = [i for i, path in enumerate(index.paths) if is_pickle(path)]
     if pickles:
         first = pickles[0]
-        raise pickle_refused(index.paths[first], len(pickles), f"index {index.source} ({index.places[first]})")
+        raise pickle_refused(f"{index.paths[first]} ({index.places[first]})", len(pickles), f"index {index.source}")
 
 
 def from_index(
@@ -176,6 +176,7 @@ def from_index(
             dst,
             progress=Progress(len(items), "chute convert (index)", enabled=progress, unit="files"),
             schema=schema,
+            schema_hint="declare the data column's type with from_index(..., data_type=...)",
             metadata={"source": {"kind": "index", "index": os.path.abspath(index.source)}},
             shard_size=shard_size,
             overwrite=overwrite,

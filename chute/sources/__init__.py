@@ -1,0 +1,45 @@
+"""Converters from other dataset layouts into chute's format (``chute convert``).
+
+=====================  ==========================================================
+module                 source
+=====================  ==========================================================
+``index``              a CSV/text index of per-sample files (pickle, JSON, npy,
+                       images, raw bytes)
+``images``             an image-classification folder (``root/<class>/<image>``)
+``arrow``              Parquet / Arrow IPC / Feather files
+``hf``                 a Hugging Face ``datasets.Dataset`` or ``save_to_disk`` dir
+``npy``                NumPy ``.npy`` / ``.npz``
+``webdataset``         WebDataset tar shards
+``detect``             which of these a path is
+``dispatch``           ``convert``: detect, then run the right converter
+``_files``             reading one file by extension (the pickle rule lives here)
+``_arrow``             Arrow types -> chute columns, batch by batch
+``_parallel``          reader processes with results in source order
+``_write``             samples -> committed dataset, errors naming the source
+``_progress``          the progress bar on stderr
+=====================  ==========================================================
+
+Every converter reads its source in order, writes with :class:`chute.Writer`
+from the main process, and leaves nothing valid at the destination if it fails.
+"""
+
+from chute.sources.arrow import from_arrow_files
+from chute.sources.detect import KINDS, detect_kind
+from chute.sources.dispatch import convert
+from chute.sources.hf import from_hf
+from chute.sources.images import from_image_folder
+from chute.sources.index import from_index
+from chute.sources.npy import from_numpy
+from chute.sources.webdataset import from_webdataset
+
+__all__ = [
+    "KINDS",
+    "convert",
+    "detect_kind",
+    "from_arrow_files",
+    "from_hf",
+    "from_image_folder",
+    "from_index",
+    "from_numpy",
+    "from_webdataset",
+]

@@ -1,0 +1,65 @@
+"""``convert``: one entry point for every source kind (what ``chute convert`` calls)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import chute
+from chute.errors import ChuteError
+from chute.sources._write import DEFAULT_SHARD_SIZE
+from chute.sources.arrow import from_arrow_files
+from chute.sources.detect import KINDS, detect_kind
+from chute.sources.hf import from_hf
+from chute.sources.images import from_image_folder
+from chute.sources.index import from_index
+from chute.sources.npy import from_numpy
+from chute.sources.webdataset import from_webdataset
+
+CONVERTERS: dict[str, Callable[..., chute.Dataset]] = {
+    "index": from_index,
+    "images": from_image_folder,
+    "arrow": from_arrow_files,
+    "hf": from_hf,
+    "numpy": from_numpy,
+    "webdataset": from_webdataset,
+}
+USES_WORKERS = frozenset({"index", "images"})
+"""Kinds read by a pool of processes; the others stream natively (Arrow) or sequentially (tar, npy)."""
+
+
+def convert(
+    src: Any,
+    dst: str | os.PathLike,
+    *,
+    kind: str | None = None,
+    allow_pickle: bool = False,
+    workers: int | None = None,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    overwrite: bool = False,
+    progress: bool = True,
+    **kind_specific: Any,
+) -> chute.Dataset:
+    """Convert ``src`` into a chute dataset at ``dst`` and open it.
+
+    ``kind`` is one of ``index``, ``images``, ``arrow``, ``hf``, ``numpy``,
+    ``webdataset``; when None it is detected from ``src`` (see
+    :func:`chute.sources.detect.detect_kind`). ``allow_pickle`` lets the index
+    converter unpickle ``.pkl`` files (they can run arbitrary code: only for files you
+    trust). ``workers`` is the number of reader processes for the index and image
+    converters (default: one per CPU; 0 reads in this process). ``kind_specific``
+    goes to the converter (e.g. ``path_column=`` for index, ``split=`` for hf,
+    ``columns=`` for arrow/hf, ``column=`` for numpy). If anything fails, nothing valid
+    is left at ``dst``.
+    """
+    if kind is None:
+        kind = detect_kind(src)
+    elif kind not in CONVERTERS:
+        raise ChuteError(f"unknown source kind {kind!r}; use one of {', '.join(KINDS)}")
+    options: dict[str, Any] = {"shard_size": shard_size, "overwrite": overwrite, "progress": progress}
+    if kind in USES_WORKERS:
+        options["workers"] = workers
+    if kind == "index":
+        options["allow_pickle"] = allow_pickle
+    return CONVERTERS[kind](src, dst, **options, **kind_specific)

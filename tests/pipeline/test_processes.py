@@ -1,0 +1,402 @@
+"""workers="processes": the same batches as threads, through a reused shared-memory ring, and nothing left behind.
+
+Real worker processes, started with spawn (each imports torch: a few seconds),
+so the tests that only read batches share one module-scoped Loader.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from multiprocessing import resource_tracker
+
+import numpy as np
+import pytest
+import torch
+
+import chute
+from chute.pipeline.batch import TransformError
+from chute.pipeline.processes import RemoteTraceback
+
+N = 240
+BATCH = 24
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    path = tmp_path_factory.mktemp("processes") / "ds"
+    samples = (
+        {
+            "x": np.full((3, 4), i % 251, np.uint8),
+            "id": i,
+            "name": f"s{i}",
+            "blob": bytes([i % 256]) * (i % 5),
+            "tags": {f"k{j}": str(i * j) for j in range(i % 4)},  # a map column: keys vary per sample
+        }
+        for i in range(N)
+    )
+    return chute.write(samples, path, shard_size=2000)  # 8 shards
+
+
+# ---------------------------------------------------------------- module-level functions (picklable)
+
+
+def _transform(sample):
+    """Per-sample Python work that changes every value (and makes the tensors bigger than the first ring size)."""
+    x = (sample["x"].float() * 0.5 + sample["id"]).repeat(1, 256)
+    return {"x": x, "id": sample["id"], "name": sample["name"].upper(), "blob": sample["blob"][::-1], "tags": dict(sample["tags"], seen="yes")}
+
+
+def _collate(samples):
+    """A nested batch: tensors of several dtypes in dicts, tuples and lists, next to str, bytes, dicts and ints."""
+    x = torch.stack([s["x"] for s in samples])
+    ids = torch.tensor([s["id"] for s in samples])
+    return {
+        "x": x,
+        "id": ids,
+        "name": [s["name"] for s in samples],
+        "blob": [s["blob"] for s in samples],
+        "tags": [s["tags"] for s in samples],
+        "nested": {
+            "pair": (ids * 3, [torch.arange(s["id"] % 4) for s in samples]),  # arange(0): an empty tensor
+            "flags": x[:, 0, :8] > 100,
+            "half": x[:, :, 0].to(torch.bfloat16),
+            "total": x.sum(),  # 0-dim
+            "count": len(samples),
+        },
+    }
+
+
+def _explode_on_17(sample):
+    if sample["id"] == 17:
+        raise ValueError("bad pixel")
+    return {"id": sample["id"]}
+
+
+def _slow(sample):
+    time.sleep(0.01)
+    return {"id": sample["id"]}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _loader(ds, **kwargs):
+    options = dict(shuffle=True, seed=7, transform=_transform, collate=_collate, num_threads=2, prefetch=4)
+    options.update(kwargs)
+    return chute.Loader(ds, BATCH, **options)
+
+
+def assert_same(a, b, where="batch"):
+    assert type(a) is type(b), f"{where}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert_same(x, y, f"batch {i}")
+
+
+def ids(batches):
+    return [i for b in batches for i in b["id"].tolist()]
+
+
+def within(seconds, fn):
+    """``fn()``, failing (instead of hanging the suite) if it takes longer than ``seconds``."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"no result after {seconds} s: hung"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def ring_entries(pid=None):
+    prefix = f"chute_{pid or os.getpid()}_"
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith(prefix))
+
+
+def snapshot():
+    """Child processes, open files and shared memory segments of this process."""
+    resource_tracker.ensure_running()  # started by the first pool; not a leak
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    shm = ring_entries()  # this process's segments: others may be running the suite at the same time
+    return {p.pid for p in multiprocessing.active_children()}, sorted(fds), shm
+
+
+def assert_nothing_left(before):
+    children, fds, shm = snapshot()
+    assert children == before[0], "worker processes left running"
+    assert shm == before[2], "shared memory segments left in /dev/shm"
+    assert fds == before[1], "file descriptors left open"
+
+
+def worker_pids():
+    return sorted(p.pid for p in multiprocessing.active_children() if p.name.startswith("chute-worker"))
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def gone(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)  # a zombie is dead
+    except FileNotFoundError:
+        return True
+
+
+# ---------------------------------------------------------------- refused and failing transforms
+
+
+def test_lambda_transform_is_refused_with_what_to_do(ds):
+    before = snapshot()
+    with pytest.raises(chute.ChuteError, match="module-level function") as error:
+        chute.Loader(ds, 8, transform=lambda sample: sample, workers="processes")  # refused at construction
+    message = str(error.value)
+    assert "lambda" in message and 'if __name__ == "__main__":' in message and "spawn" in message
+    assert_nothing_left(before)
+
+
+def test_transform_error_names_sample_and_shard_with_worker_traceback(ds):
+    before = snapshot()
+    loader = chute.Loader(ds, 10, transform=_explode_on_17, workers="processes", num_threads=1, prefetch=3)
+    received = []
+    with pytest.raises(TransformError) as error:
+        for batch in loader:
+            received.append(batch)
+    assert len(received) == 1  # batch 0 arrived, batch 1 (rows 10-19) failed
+    shard, row = ds.locate(17)
+    message = str(error.value)
+    assert "sample 17" in message and ds.shards[shard].file in message and f"row {row}" in message
+    assert "bad pixel" in message and "on_error='skip'" in message
+    chain, link = [], error.value
+    while link is not None:
+        chain.append(link)
+        link = link.__cause__
+    assert isinstance(chain[1], ValueError) and str(chain[1]) == "bad pixel"  # as with threads
+    remote = chain[-1]
+    assert isinstance(remote, RemoteTraceback)
+    assert "Traceback" in remote.text and "_explode_on_17" in remote.text and "TransformError" in remote.text
+    del loader, error, chain, link, remote, received
+    gc.collect()  # the Loader's finalizer stops the workers
+    assert_nothing_left(before)
+
+
+def test_killed_worker_is_reported_then_new_workers_start(ds):
+    before = snapshot()
+    loader = chute.Loader(ds, 8, transform=_slow, workers="processes", num_threads=2, prefetch=4)
+    iterator = iter(loader)
+    within(60, lambda: next(iterator))
+    victim = worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(chute.ChuteError) as error:
+        within(60, lambda: list(iterator))
+    message = str(error.value)
+    assert f"process {victim} died" in message and "SIGKILL" in message and "while building step" in message
+    assert worker_pids() == []  # the other worker was stopped too
+    assert ring_entries() == []
+    del iterator
+    assert within(120, lambda: ids(loader)) == list(range(N))  # a new pass starts new workers
+    loader.close()
+    assert_nothing_left(before)
+
+
+@pytest.mark.parametrize("how", ["exit", "sigint"])
+def test_process_exiting_mid_epoch_leaves_nothing(ds, tmp_path, how):
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing, os, sys, time
+            import chute
+
+            def slow(sample):  # module level: spawn imports this script again in each worker
+                time.sleep(0.002)
+                return {"id": sample["id"]}
+
+            if __name__ == "__main__":
+                loader = chute.Loader(sys.argv[1], 8, transform=slow, workers="processes", num_threads=2)
+                iterator = iter(loader)
+                next(iterator), next(iterator)
+                print(os.getpid(), *[p.pid for p in multiprocessing.active_children()], flush=True)
+                if sys.argv[2] == "sigint":
+                    while True:  # until the test interrupts it
+                        for batch in loader:
+                            pass
+            """
+        )
+    )
+    child = subprocess.Popen([sys.executable, str(script), ds.root, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in within(60, child.stdout.readline).split()]
+        assert len(pids) == 3, child.stderr.read()
+        started = time.monotonic()
+        if how == "sigint":
+            child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=30)
+        assert time.monotonic() - started < 30
+    finally:
+        child.kill()
+        child.wait()
+    if how == "exit":
+        assert child.returncode == 0, stderr
+    else:
+        assert "KeyboardInterrupt" in stderr
+    assert "leaked" not in stderr and "resource_tracker" not in stderr, stderr
+    assert ring_entries(pids[0]) == []
+    assert all(gone(pid) for pid in pids[1:])
+
+
+def test_fork_start_method_works_without_tracker_warnings(ds, tmp_path):
+    """Forked workers share the main process's resource tracker: no segment is reported as leaked."""
+    script = tmp_path / "fork.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import chute
+            from chute.pipeline.batch import BatchFns
+            from chute.pipeline.processes import ProcessPool
+
+            def scale(sample):
+                return {"id": sample["id"], "x": sample["x"].float() * 2}
+
+            if __name__ == "__main__":
+                loader = chute.Loader(sys.argv[1], 16, shuffle=True, transform=scale)
+                expected = list(loader)
+                pool = ProcessPool(loader.dataset, loader.order, loader.fns, 0, 1, workers=2, depth=3, start_method="fork")
+                got = [loaded.batch for loaded in pool.map(0, 0, range(len(expected)))]
+                pool.close()
+                same = all(a["id"].equal(b["id"]) and a["x"].equal(b["x"]) for a, b in zip(got, expected))
+                print(len(got) == len(expected) and same)
+            """
+        )
+    )
+    result = subprocess.run([sys.executable, str(script), ds.root], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+    assert "resource_tracker" not in result.stderr and "leaked" not in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------- batches (one shared pool)
+
+
+@pytest.fixture(scope="module")
+def processes(ds):
+    loader = _loader(ds, workers="processes")
+    yield loader
+    loader.close()
+
+
+def test_same_batches_as_threads_over_shuffled_epochs(ds, processes):
+    threads = _loader(ds)
+    for epoch in range(3):
+        processes.set_epoch(epoch)
+        threads.set_epoch(epoch)
+        got = list(processes)
+        assert len(got) == N // BATCH
+        assert_same_batches(got, list(threads))
+    assert sorted(ids(got)) == list(range(N))
+    first = got[0]
+    assert first["x"].dtype == torch.float32 and first["nested"]["half"].dtype == torch.bfloat16
+    assert first["nested"]["flags"].dtype == torch.bool and first["nested"]["total"].dim() == 0
+    assert first["tags"][0]["seen"] == "yes" and isinstance(first["blob"][0], bytes)
+
+
+def test_ring_is_created_once_and_reused(ds, processes):
+    processes.set_epoch(0)
+    list(processes)  # the first batches size the ring
+    seen, counts = set(), []
+    for epoch in (1, 2):
+        processes.set_epoch(epoch)
+        for batch in processes:
+            entries = ring_entries()
+            counts.append(len(entries))
+            seen.update(entries)
+    assert 0 < counts[0] <= processes.prefetch
+    assert counts == [counts[0]] * len(counts) and len(seen) == counts[0]  # no segment per batch
+    tensor_bytes = batch["x"].numel() * batch["x"].element_size()
+    assert all(os.path.getsize(f"/dev/shm/{name}") > tensor_bytes for name in seen)  # grown to fit a batch
+
+
+def test_break_then_new_pass_equals_a_fresh_loader(ds, processes):
+    processes.set_epoch(4)
+    for i, _ in enumerate(processes):
+        if i == 2:
+            break
+    held = iter(processes)  # a pass left suspended, not closed
+    next(held)
+    again = list(processes)  # a new pass ends it; its stale results are dropped
+    fresh = _loader(ds)
+    fresh.set_epoch(4)
+    assert_same_batches(again, list(fresh))
+    with pytest.raises(chute.ChuteError, match="one pass runs at a time"):
+        next(held)
+
+
+def test_resume_with_processes_continues_exactly(ds, processes):
+    reference = _loader(ds)
+    reference.set_epoch(2)
+    expected = list(reference)
+    processes.set_epoch(2)
+    iterator = iter(processes)
+    head = [next(iterator) for _ in range(4)]
+    state = processes.state_dict()
+    iterator.close()
+    processes.load_state_dict(state)
+    assert_same_batches(head + list(processes), expected)
+
+    resumed = _loader(ds)  # threads restored from the same state agree
+    resumed.load_state_dict(state)
+    assert_same_batches(list(resumed), expected[4:])
+
+
+def test_worker_memory_stays_flat(processes):
+    list(processes)
+    pids = worker_pids()
+    assert len(pids) == 2
+    before = {pid: rss_bytes(pid) for pid in pids}
+    for _ in range(3):
+        list(processes)
+    assert worker_pids() == pids  # the same workers across epochs
+    growth = {pid: rss_bytes(pid) - before[pid] for pid in pids}
+    assert all(g < 50 << 20 for g in growth.values()), growth

@@ -1,0 +1,12 @@
+"""Fixtures for the converter tests."""
+
+from __future__ import annotations
+
+import pytest
+from source_data import write_pickle_index
+
+
+@pytest.fixture
+def pickle_index(tmp_path):
+    """MISSION.md section 1's layout with 40 samples: (index.csv path, the dicts in order)."""
+    return write_pickle_index(tmp_path / "src", 40)

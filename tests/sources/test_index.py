@@ -1,0 +1,198 @@
+"""The index converter: MISSION.md section 1's CSV + per-sample .pkl.gz files, and friends."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+from source_data import image_bytes, no_dataset_at, ten_key_dict, write_pickle_index
+
+import chute
+from chute.errors import ChuteError, PickleRefusedError, SchemaError
+from chute.sources import from_index
+
+
+def _read_all(ds) -> list[dict]:
+    return [ds[i] for i in range(len(ds))]
+
+
+def test_pickled_dicts_come_back_equal_with_every_key(tmp_path, pickle_index):
+    index, dicts = pickle_index
+    ds = from_index(index, tmp_path / "out", allow_pickle=True, workers=0, progress=False)
+    ds.verify()
+    assert len(ds) == len(dicts)
+    assert ds.schema["data"] == chute.Map("string")
+    rows = _read_all(ds)
+    assert [r["data"] for r in rows] == dicts  # order, every key of every (different) dict
+    assert len({frozenset(r["data"]) for r in rows}) == len(dicts)  # keys really differ per sample
+    assert [r["path"] for r in rows] == [f"pickles/{i}.pkl.gz" for i in range(len(dicts))]
+
+
+def test_extra_columns_are_typed_int_float_str(tmp_path, pickle_index):
+    index, dicts = pickle_index
+    ds = from_index(index, tmp_path / "out", allow_pickle=True, workers=0, progress=False)
+    assert ds.schema.names == ["path", "label", "weight", "name", "data"]
+    assert ds.schema["label"] == chute.Scalar("int64")
+    assert ds.schema["weight"] == chute.Scalar("float64")
+    assert ds.schema["name"] == chute.String()
+    batch = ds.get_batch(list(range(len(ds))))
+    assert batch["label"].tolist() == [i % 3 for i in range(len(dicts))]
+    assert batch["weight"].tolist() == [i / 4 for i in range(len(dicts))]
+    assert batch["name"] == [f"item-{i}" for i in range(len(dicts))]
+
+
+def test_workers_give_the_same_dataset_as_in_process(tmp_path):
+    index, _ = write_pickle_index(tmp_path / "src", 150)
+    a = from_index(index, tmp_path / "a", allow_pickle=True, workers=0, progress=False)
+    b = from_index(index, tmp_path / "b", allow_pickle=True, workers=2, progress=False)
+    b.verify()
+    assert _read_all(a) == _read_all(b)
+
+
+def test_pickles_are_refused_without_opt_in_and_nothing_is_written(tmp_path, pickle_index):
+    index, _ = pickle_index
+    dst = tmp_path / "out"
+    with pytest.raises(PickleRefusedError) as info:
+        from_index(index, dst, workers=0, progress=False)
+    message = str(info.value)
+    assert "pickles/0.pkl.gz" in message
+    assert "allow-pickle" in message and "allow_pickle=True" in message
+    assert "arbitrary code" in message
+    assert "40" not in message or "39 more" in message  # counts the other pickle files
+    assert not dst.exists()
+
+
+def test_a_pickle_late_in_the_index_is_refused_before_any_file_is_read(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    names = [f"{i}.json" for i in range(5)] + ["late.pickle"]
+    for name in names[:-1]:
+        (src / name).write_text("{}")
+    # late.pickle does not even exist: the refusal must come before any read
+    (src / "list.txt").write_text("\n".join(names) + "\n")
+    with pytest.raises(PickleRefusedError, match="late.pickle"):
+        from_index(src / "list.txt", tmp_path / "out", workers=0, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_file_names_the_row_and_path_and_leaves_no_dataset(tmp_path, pickle_index):
+    index, _ = pickle_index
+    os.remove(os.path.join(os.path.dirname(index), "pickles/17.pkl.gz"))
+    dst = tmp_path / "out"
+    with pytest.raises(ChuteError) as info:
+        from_index(index, dst, allow_pickle=True, workers=0, progress=False)
+    assert "pickles/17.pkl.gz" in str(info.value)
+    assert "row 18" in str(info.value)  # 1-based data row
+    assert no_dataset_at(dst)
+
+
+def test_failure_in_a_worker_mid_way_leaves_no_dataset(tmp_path):
+    index, _ = write_pickle_index(tmp_path / "src", 200)
+    with open(os.path.join(tmp_path / "src", "pickles/150.pkl.gz"), "wb") as f:
+        f.write(b"this is not gzip")
+    dst = tmp_path / "out"
+    with pytest.raises(ChuteError, match=r"pickles/150\.pkl\.gz"):
+        from_index(index, dst, allow_pickle=True, workers=2, shard_size=2000, progress=False)
+    assert no_dataset_at(dst)
+    assert not [n for n in os.listdir(dst) if n.endswith(".arrow")]  # shards written before the error are gone
+
+
+def test_failure_keeps_the_previous_dataset_intact(tmp_path, pickle_index):
+    index, dicts = pickle_index
+    dst = tmp_path / "out"
+    from_index(index, dst, allow_pickle=True, workers=0, progress=False)
+    os.remove(os.path.join(os.path.dirname(index), "pickles/5.pkl.gz"))
+    with pytest.raises(ChuteError):
+        from_index(index, dst, allow_pickle=True, workers=0, overwrite=True, progress=False)
+    ds = chute.open(dst)
+    ds.verify()
+    assert [r["data"] for r in _read_all(ds)] == dicts
+
+
+def test_text_index_of_json_npy_images_and_raw_files(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    values = [{"a": 1, "b": 2}, {"c": 3}, {}]
+    for i, value in enumerate(values):
+        (src / f"sub/{i}.json").write_text(json.dumps(value))
+    with gzip.open(src / "sub/3.json.gz", "wt") as f:
+        json.dump({"z": 26}, f)
+    (src / "list.txt").write_text("sub/0.json\n\nsub/1.json\n  \nsub/2.json\nsub/3.json.gz\n")
+    ds = from_index(src / "list.txt", tmp_path / "json", workers=0, progress=False)
+    ds.verify()
+    assert ds.schema.names == ["path", "data"]
+    assert [ds[i]["data"] for i in range(len(ds))] == values + [{"z": 26}]  # differing keys all kept
+
+    arrays = [np.arange(i, i + 6, dtype=np.float32).reshape(2, 3) for i in range(4)]
+    for i, a in enumerate(arrays):
+        np.save(src / f"a{i}.npy", a)
+    (src / "arrays.txt").write_text("".join(f"{src}/a{i}.npy\n" for i in range(4)))  # absolute paths
+    ds = from_index(src / "arrays.txt", tmp_path / "npy", workers=0, progress=False)
+    assert ds.schema["data"] == chute.Tensor("float32", (2, 3))
+    np.testing.assert_array_equal(ds.get_batch([0, 1, 2, 3])["data"].numpy(), np.stack(arrays))
+
+    blobs = [image_bytes("JPEG", 1), image_bytes("PNG", 2), b"\x00raw\xff bytes"]
+    for name, blob in zip(["x.jpg", "y.png", "z.bin"], blobs):
+        (src / name).write_bytes(blob)
+    (src / "files.csv").write_text("file,caption\nx.jpg,a cat\ny.png,a dog\nz.bin,noise\n")
+    ds = from_index(src / "files.csv", tmp_path / "bytes", workers=0, progress=False)
+    assert ds.schema.names == ["path", "caption", "data"]  # no "path" column: the first one is the path
+    assert [ds[i]["data"] for i in range(3)] == blobs  # encoded bytes, not decoded
+    assert [ds[i]["path"] for i in range(3)] == ["x.jpg", "y.png", "z.bin"]
+
+
+def test_declared_data_type_for_shapes_that_vary_late(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    arrays = [np.ones((2, 2), np.int16)] * 70 + [np.ones((3, 1), np.int16)]
+    for i, a in enumerate(arrays):
+        np.save(src / f"{i}.npy", a)
+    (src / "list.txt").write_text("".join(f"{i}.npy\n" for i in range(len(arrays))))
+    with pytest.raises(SchemaError, match=r"70\.npy"):  # inferred as a (2, 2) tensor; the error names the file
+        from_index(src / "list.txt", tmp_path / "inferred", workers=0, progress=False)
+    assert no_dataset_at(tmp_path / "inferred")
+    ds = from_index(src / "list.txt", tmp_path / "declared", data_type=chute.Ragged("int16", 2), workers=0, progress=False)
+    assert tuple(ds[70]["data"].shape) == (3, 1)
+
+
+def test_path_column_option_and_clashing_columns(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.json").write_text("[1, 2]")
+    (src / "i.csv").write_text("id,file\n7,a.json\n")
+    ds = from_index(src / "i.csv", tmp_path / "out", path_column="file", workers=0, progress=False)
+    assert ds[0]["path"] == "a.json" and ds[0]["id"] == 7
+    (src / "bad.csv").write_text("path,data\na.json,x\n")
+    with pytest.raises(ChuteError, match="'data'"):
+        from_index(src / "bad.csv", tmp_path / "bad", workers=0, progress=False)
+
+
+def test_rows_with_a_wrong_field_count_are_named(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "i.csv").write_text("path,label\na.json,1\nb.json\n")
+    with pytest.raises(ChuteError, match="i.csv row 2, line 3 has 1 fields"):
+        from_index(src / "i.csv", tmp_path / "out", workers=0, progress=False)
+
+
+def test_an_empty_index_is_an_error(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(ChuteError, match="no files"):
+        from_index(tmp_path / "empty.txt", tmp_path / "out", workers=0, progress=False)
+
+
+def test_map_values_that_differ_in_kind_become_json(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = random.Random(0)
+    values = [ten_key_dict(rng), {"n": 1, "s": "x", "l": [1, 2]}]
+    for i, v in enumerate(values):
+        (src / f"{i}.json").write_text(json.dumps(v))
+    (src / "l.txt").write_text("0.json\n1.json\n")
+    ds = from_index(src / "l.txt", tmp_path / "out", workers=0, progress=False)
+    assert ds.schema["data"] == chute.Map("json")
+    assert [ds[i]["data"] for i in range(2)] == values

@@ -1,0 +1,96 @@
+"""The ``chute`` command, run as a real subprocess (the installed console script)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import chute
+
+CHUTE = os.path.join(os.path.dirname(sys.executable), "chute")
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([CHUTE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    samples = ({"image": np.full((3, 4, 4), i, np.uint8), "label": i, "name": f"n{i}"} for i in range(100))
+    return chute.write(samples, tmp_path / "ds", shard_size=1000, metadata={"class_names": ["a", "b"]})
+
+
+def test_console_script_is_installed():
+    assert os.path.exists(CHUTE), "pip install should put a `chute` script next to the interpreter"
+    result = run("--help")
+    assert result.returncode == 0 and "convert" in result.stdout and "inspect" in result.stdout
+
+
+def test_inspect_shows_schema_rows_shards(dataset):
+    result = run("inspect", dataset.root)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "100 in" in out and f"{len(dataset.shards)} shard(s)" in out
+    assert "uint8 tensor of shape (3, 4, 4)" in out and "int64 scalar" in out
+    assert "class_names" in out
+    assert dataset.shards[0].file in out and dataset.shards[0].checksum in out
+
+
+def test_inspect_verify_passes_then_names_the_corrupt_shard(dataset):
+    result = run("inspect", dataset.root, "--verify")
+    assert result.returncode == 0, result.stderr
+    assert f"all {len(dataset.shards)} shard(s) match" in result.stdout
+    bad = dataset.shards[3]
+    path = os.path.join(dataset.root, bad.file)
+    with open(path, "r+b") as f:
+        f.seek(bad.bytes - 200)
+        f.write(b"\x00garbage\x00")
+    result = run("inspect", dataset.root, "--verify")
+    assert result.returncode == 1
+    assert f"FAILED: shard {bad.file} has checksum" in result.stdout
+    assert "1 of" in result.stderr and "FAILED" in result.stderr
+
+
+def test_inspect_of_a_broken_dataset_is_an_error_not_a_traceback(tmp_path):
+    result = run("inspect", str(tmp_path))
+    assert result.returncode == 1
+    assert "chute inspect: error:" in result.stderr and "no manifest.json" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_convert_pickles_from_an_index(tmp_path):
+    os.makedirs(tmp_path / "src")
+    dicts = [{f"k{i}{j}": f"v{j}" for j in range(i % 4 + 1)} for i in range(30)]
+    with open(tmp_path / "src" / "index.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "label"])
+        for i, d in enumerate(dicts):
+            with gzip.open(tmp_path / "src" / f"{i}.pkl.gz", "wb") as g:
+                pickle.dump(d, g)
+            writer.writerow([f"{i}.pkl.gz", i % 3])
+    refused = run("convert", str(tmp_path / "src" / "index.csv"), str(tmp_path / "ds"), "--workers", "0")
+    assert refused.returncode == 1 and "allow-pickle" in refused.stderr and "0.pkl.gz" in refused.stderr
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+    result = run("convert", str(tmp_path / "src" / "index.csv"), str(tmp_path / "ds"), "--allow-pickle", "--workers", "2", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "wrote 30 rows" in result.stdout
+    ds = chute.open(tmp_path / "ds")
+    assert ds.get_batch(range(30))["data"] == dicts
+    assert run("inspect", str(tmp_path / "ds"), "--verify").returncode == 0
+
+
+def test_demo_runs_and_prints_the_comparison():
+    result = run("demo", "--files", "300", "--steps", "60", timeout=600)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "every sample identical both ways" in out
+    assert "torch DataLoader" in out and "chute Dataset.get_batch" in out
+    assert out.count("samples/s") == 5 and "x\n" in out
+    assert "chute Loader" in out and "loss (last 50 steps)" in out
