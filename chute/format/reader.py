@@ -13,6 +13,7 @@ caller is a copy it may write to (the mapping is read-only).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
 import warnings
@@ -67,13 +68,16 @@ class _Shard:
     def __init__(self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str) -> None:
         self.path = path
         try:
-            self.mmap = pa.memory_map(path, "r")
-            reader = pa.ipc.open_file(self.mmap)
+            # Python's mmap rather than pa.memory_map: the file descriptor is closed at
+            # once (the mapping stays), so thousands of open shards hold no descriptors.
+            with open(path, "rb") as f:
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            reader = pa.ipc.open_file(pa.py_buffer(mapping))
             file_schema = reader.schema
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         except FileNotFoundError:
             raise ShardError(f"{where}: shard file {path} is missing; the dataset is incomplete: write or download it again") from None
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
             raise ShardError(
                 f"{where}: shard {info.file} is not a readable Arrow IPC file ({exc}); it is truncated "
                 "or damaged: run `chute inspect --verify` on the dataset and write it again"
