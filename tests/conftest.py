@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import numpy as np
@@ -23,6 +24,7 @@ def no_fd_leak():
     """Fails the test if it leaves a file under its tmp dir open."""
     before = _open_fds()
     yield
+    gc.collect()  # a dataset the test dropped may sit in a reference cycle until collected
     leaked = {f for f in _open_fds() - before if "pytest" in f or "/tmp" in f}
     assert not leaked, f"file descriptors left open: {sorted(leaked)}"
 

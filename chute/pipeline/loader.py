@@ -22,7 +22,10 @@ import numpy as np
 from chute.errors import ChuteError
 from chute.format.reader import Dataset, open_dataset
 from chute.order import DEFAULT_WINDOW, Order
+from chute.format.reader import torch_dtype
+from chute.format.schema import FIXED_SIZE, Tensor
 from chute.pipeline.batch import BatchFns, Loaded, load_batch
+from chute.pipeline.buffers import BufferPool
 from chute.pipeline.threads import OrderedPool
 
 log = logging.getLogger("chute")
@@ -118,6 +121,7 @@ class Loader:
         self._start = 0  # position in the global order where the next pass starts
         self._pass: _Pass | None = None
         self._processes = None
+        self._buffers = BufferPool(keep=self.prefetch + 4)
         self.skipped: list[int] = []
 
     # ------------------------------------------------------------------ epochs and length
@@ -163,8 +167,9 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         state = _Pass(self.epoch, self._start)
         self._pass = state
-        if self.device is None or str(self.device) == "cpu":
+        if self.device is None:
             return self._deliver(state, self._host_batches(state))
+        # device="cpu" runs the same device-stage thread and queue as CUDA (minus the copies)
         from chute.device import DeviceCopier, DevicePrefetcher
 
         prefetcher = DevicePrefetcher(self._host_batches(state), DeviceCopier(self.device), depth=2)
@@ -177,7 +182,7 @@ class Loader:
             results = self._process_pool().map(state.epoch, state.start, steps)
             pool = None
         else:
-            task = _Task(self.dataset, self.order, self.fns, state.epoch, state.start, self.rank, self.world_size)
+            task = _Task(self.dataset, self.order, self.fns, state.epoch, state.start, self.rank, self.world_size, self._buffers)
             pool = OrderedPool(task, self.num_threads, self.prefetch, name=f"chute-loader-r{self.rank}")
             results = pool.map(steps)
         finalizer = weakref.finalize(self, pool.close) if pool is not None else None
@@ -260,12 +265,22 @@ class _Pass:
 class _Task:
     """Builds batch ``step`` of one pass (runs in a worker thread)."""
 
-    def __init__(self, dataset: Dataset, order: Order, fns: BatchFns, epoch: int, start: int, rank: int, world_size: int) -> None:
+    def __init__(
+        self, dataset: Dataset, order: Order, fns: BatchFns, epoch: int, start: int, rank: int, world_size: int, buffers: BufferPool
+    ) -> None:
         self.dataset, self.order, self.fns = dataset, order, fns
         self.epoch, self.start, self.rank, self.world_size = epoch, start, rank, world_size
+        self.buffers = buffers
+        self.fixed = [
+            (name, tuple(ctype.shape) if isinstance(ctype, Tensor) else (), torch_dtype(ctype.dtype))
+            for name, ctype in dataset.schema
+            if isinstance(ctype, FIXED_SIZE)
+        ]
 
     def indices(self, step: int) -> np.ndarray:
         return self.order.batch(self.epoch, step, self.rank, self.world_size, self.start)
 
     def __call__(self, step: int) -> Loaded:
-        return load_batch(self.dataset, self.indices(step), self.fns)
+        indices = self.indices(step)
+        out = {name: self.buffers.take((len(indices), *shape), dtype) for name, shape, dtype in self.fixed}
+        return load_batch(self.dataset, indices, self.fns, out=out)

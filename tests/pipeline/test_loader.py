@@ -237,3 +237,43 @@ def test_torch_iterable_set_epoch_reaches_workers(ds):
     reference = chute.Loader(ds, 100, shuffle=True, seed=8)
     reference.set_epoch(1)
     assert ids(loader) == ids(reference)
+
+
+def test_device_stage_delivers_the_same_batches_and_counts_what_was_received(ds):
+    reference = [b["id"].tolist() for b in chute.Loader(ds, 50, shuffle=True, seed=6)]
+    loader = chute.Loader(ds, 50, shuffle=True, seed=6, device="cpu")
+    iterator = iter(loader)
+    received = [next(iterator)["id"].tolist() for _ in range(3)]
+    assert any(name.startswith("chute-device") for name in loader_threads())
+    assert loader.state_dict()["consumed"] == 150  # not what the device thread ran ahead to
+    received += [b["id"].tolist() for b in iterator]
+    assert received == reference
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batches_arrive_on_the_gpu_equal_to_the_host_batches(ds):
+    reference = list(chute.Loader(ds, 64, shuffle=True, seed=6))
+    for host, batch in zip(reference, chute.Loader(ds, 64, shuffle=True, seed=6, device="cuda")):
+        assert batch["x"].is_cuda and batch["id"].is_cuda
+        assert torch.equal(batch["x"].cpu(), host["x"]) and torch.equal(batch["id"].cpu(), host["id"])
+        assert batch["name"] == host["name"]
+
+
+def test_batches_and_views_the_loop_keeps_are_never_rewritten(ds):
+    loader = chute.Loader(ds, 10, num_threads=2, prefetch=2)
+    kept_views, kept_batches = [], []
+    for step, batch in enumerate(loader):
+        if step % 3 == 0:
+            kept_views.append((step, batch["x"][1:3]))  # a view of the batch's buffer
+        if step % 5 == 0:
+            kept_batches.append((step, batch))
+    for step, view in kept_views:
+        assert view[:, 0].tolist() == [10 * step + 1, 10 * step + 2]
+    for step, batch in kept_batches:
+        assert batch["id"].tolist() == list(range(10 * step, 10 * step + 10))
+    # buffers nobody keeps are reused: a pass allocates a few per column, not one per batch
+    reuse = chute.Loader(ds, 10, num_threads=2, prefetch=2)
+    for batch in reuse:
+        pass
+    assert len(reuse) == 100 and reuse._buffers.allocated <= 2 * 8
