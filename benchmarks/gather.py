@@ -24,7 +24,6 @@ import time
 import numpy as np
 import torch
 
-import chute
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _data import SHAPES, MemmapDataset, array_dataset  # noqa: E402

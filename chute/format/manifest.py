@@ -90,6 +90,22 @@ def checksum_file(path: str | os.PathLike, algorithm: str = "xxh3_128", chunk: i
     return f"{algorithm}:{hasher.hexdigest()}"
 
 
+def local_path(path: str | os.PathLike, action: str) -> str:
+    """``path`` as a local file-system path; a URL other than ``file://`` is refused.
+
+    ``action`` completes the message, e.g. ``"write to"`` or ``"open"``.
+    """
+    text = os.fspath(path)
+    if text.startswith("file://"):
+        return text[len("file://") :]
+    if "://" in text:
+        raise ManifestError(
+            f"cannot {action} {text}: this version of chute reads and writes datasets on local paths only. "
+            "Use a local directory (copy the dataset to or from the remote store)"
+        )
+    return text
+
+
 def check_shard_path(file: str, where: str) -> str:
     """Reject shard paths that could escape the dataset root; return the normalised path."""
     if not isinstance(file, str) or not file:

@@ -24,7 +24,7 @@ import pyarrow as pa
 import torch
 
 from chute.errors import ManifestError, ShardError
-from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, parse_manifest
+from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest
 from chute.format.schema import FIXED_SIZE, Bytes, ColumnType, Json, Map, Ragged, Scalar, Schema, String, Tensor
 
 _TORCH_DTYPES = {
@@ -65,7 +65,6 @@ class _Shard:
     """One memory-mapped shard: byte views of its fixed-size columns, Arrow arrays of the rest."""
 
     def __init__(self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str) -> None:
-        self.path = path
         try:
             # pa.memory_map, not Python's mmap + py_buffer: with the latter, Arrow touched
             # every page of a column when it was first sliced (0.4 s per 128 MiB shard).
@@ -222,7 +221,7 @@ class Dataset:
             self._gather_fixed(name, plan, buffer.view(torch.uint8).view(n, ctype.row_bytes) if n else None)
             result[name] = buffer
         for name, ctype in self._variable:
-            result[name] = self._gather_variable(name, ctype, plan, n)
+            result[name] = self._gather_variable(name, ctype, plan)
         return {name: result[name] for name in self.schema.names}
 
     def _check_indices(self, indices: Any) -> np.ndarray:
@@ -286,12 +285,8 @@ class Dataset:
                     out[position].copy_(source[row])
             return
         target = out if plan.inverse is None else self._scratch(out)
-        if len(plan.runs) == 1:
-            shard, _, _, local = plan.runs[0]
-            torch.index_select(self.shard(shard).fixed[name], 0, plan.indices[0], out=target)
-        else:
-            for (shard, a, b, _), local in zip(plan.runs, plan.indices):
-                torch.index_select(self.shard(shard).fixed[name], 0, local, out=target[a:b])
+        for (shard, a, b, _), local in zip(plan.runs, plan.indices):
+            torch.index_select(self.shard(shard).fixed[name], 0, local, out=target[a:b])
         if plan.inverse is not None:
             torch.index_select(target, 0, plan.inverse_t, out=out)
 
@@ -306,7 +301,7 @@ class Dataset:
             buffer = buffers[key] = torch.empty(key, dtype=like.dtype)
         return buffer
 
-    def _gather_variable(self, name: str, ctype: ColumnType, plan: _Plan, n: int) -> list[Any]:
+    def _gather_variable(self, name: str, ctype: ColumnType, plan: _Plan) -> list[Any]:
         values: list[Any] = []
         for shard, _, _, local in plan.runs:
             column = self.shard(shard).columns[name]
@@ -431,15 +426,7 @@ def open_dataset(path: str | os.PathLike) -> Dataset:
     Validates the manifest and that every shard exists with the size it lists;
     checksums are checked on demand by :meth:`Dataset.verify`.
     """
-    text_path = os.fspath(path)
-    if text_path.startswith("file://"):
-        text_path = text_path[len("file://") :]
-    elif "://" in text_path:
-        raise ManifestError(
-            f"cannot open {text_path}: this version of chute opens local datasets only; "
-            "copy the dataset directory to local disk and open that"
-        )
-    root = os.path.abspath(text_path)
+    root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if not os.path.isdir(root):
         raise ManifestError(f"{root} does not exist or is not a directory; a chute dataset is a directory with a {MANIFEST_NAME}")

@@ -31,7 +31,7 @@ import chute
 from chute._sizes import parse_size
 from chute.errors import ChuteError, SchemaError
 from chute.format.builders import ColumnBuilder, make_builder
-from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, parse_manifest
+from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest
 from chute.format.schema import ColumnType, Schema, check_keys, infer_schema
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
@@ -48,18 +48,6 @@ def _fsync_path(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _local_path(path: str | os.PathLike) -> str:
-    text = os.fspath(path)
-    if text.startswith("file://"):
-        return text[len("file://") :]
-    if "://" in text:
-        raise ChuteError(
-            f"cannot write to {text}: this version of chute writes datasets to local paths only. "
-            "Write it to a local directory, then copy the directory to the remote store"
-        )
-    return text
 
 
 class Writer:
@@ -89,7 +77,7 @@ class Writer:
         checksum: str = "xxh3_128",
         durable: bool = True,
     ) -> None:
-        self.root = os.path.abspath(_local_path(path))
+        self.root = os.path.abspath(local_path(path, "write to"))
         self.shard_size = max(1, parse_size(shard_size))
         self.metadata = dict(metadata or {})
         self.lookahead = max(1, int(lookahead))

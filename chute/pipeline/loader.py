@@ -46,6 +46,15 @@ def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int,
     return rank, world_size
 
 
+def dataset_and_order(
+    dataset: Dataset | str | os.PathLike, batch_size: int, shuffle: bool, seed: int, window: int, drop_last: bool
+) -> tuple[Dataset, Order]:
+    """The dataset (opened if given as a path) and the order of its rows for these settings."""
+    ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
+    order = Order(tuple(s.rows for s in ds.shards), int(batch_size), bool(shuffle), int(seed), int(window), bool(drop_last))
+    return ds, order
+
+
 class Loader:
     """Batches of a chute dataset in a deterministic, resumable global order.
 
@@ -100,11 +109,8 @@ class Loader:
         on_error: str = "raise",
         device: Any = None,
     ) -> None:
-        self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
-        self.batch_size = int(batch_size)
-        self.order = Order(
-            tuple(s.rows for s in self.dataset.shards), self.batch_size, bool(shuffle), int(seed), int(window), bool(drop_last)
-        )
+        self.dataset, self.order = dataset_and_order(dataset, batch_size, shuffle, seed, window, drop_last)
+        self.batch_size = self.order.batch_size
         self.fns = BatchFns(transform, batch_transform, collate, on_error)
         self.rank, self.world_size = distributed_defaults(rank, world_size)
         if workers not in ("threads", "processes"):

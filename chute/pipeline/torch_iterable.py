@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from chute.format.reader import Dataset, open_dataset
-from chute.order import DEFAULT_WINDOW, Order
+from chute.format.reader import Dataset
+from chute.order import DEFAULT_WINDOW
 from chute.pipeline.batch import BatchFns, load_batch
-from chute.pipeline.loader import distributed_defaults
+from chute.pipeline.loader import dataset_and_order, distributed_defaults
 
 
 class TorchIterable(torch.utils.data.IterableDataset):
@@ -46,8 +46,7 @@ class TorchIterable(torch.utils.data.IterableDataset):
         window: int = DEFAULT_WINDOW,
         on_error: str = "raise",
     ) -> None:
-        self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
-        self.order = Order(tuple(s.rows for s in self.dataset.shards), int(batch_size), shuffle, seed, window, drop_last)
+        self.dataset, self.order = dataset_and_order(dataset, batch_size, shuffle, seed, window, drop_last)
         self.fns = BatchFns(transform, batch_transform, collate, on_error)
         self.rank, self.world_size = distributed_defaults(rank, world_size)
         self.epoch = 0

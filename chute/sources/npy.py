@@ -166,7 +166,7 @@ def from_numpy(
     """
     source = os.fspath(path)
     if not os.path.isfile(source):
-        raise ChuteError(f"{source} does not exist")
+        raise ChuteError(f"{source} is not a file; the numpy source is one .npy or .npz file")
     if source.lower().endswith(".npz"):
         with _open_npz(source) as members:
             _check_lengths(source, {m.name: m.shape for m in members})

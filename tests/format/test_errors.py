@@ -260,3 +260,12 @@ def test_writer_killed_with_sigkill_leaves_no_valid_dataset(tmp_path):
     ds = chute.write(({"x": np.full(64, i, np.int64)} for i in range(10)), target, shard_size=4096)
     assert ds.get_batch([9])["x"][0, 0].item() == 9
     assert _leftovers(target) == sorted(["manifest.json", *(s.file for s in ds.shards)])  # the dead writer's files are gone
+
+
+def test_remote_urls_are_refused_with_what_to_do(tmp_path):
+    with pytest.raises(chute.ManifestError, match="cannot open s3://bucket/ds: .*local paths only"):
+        chute.open("s3://bucket/ds")
+    with pytest.raises(chute.ManifestError, match="cannot write to https://host/ds"):
+        chute.write([{"x": 1}], "https://host/ds")
+    ds = chute.write([{"x": 1}], f"file://{tmp_path / 'ds'}")  # file:// is a local path
+    assert chute.open(f"file://{ds.root}")[0] == {"x": 1}
