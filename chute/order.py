@@ -244,6 +244,38 @@ class Order:
         for step in range(self.num_batches(world_size, consumed)):
             yield self.batch(epoch, step, rank, world_size, consumed)
 
+    def shard_uses(self, epoch: int, world_size: int = 1, consumed: int = 0) -> list[tuple[int, int, int]]:
+        """``(first step, last step, shard)`` for every shard the rest of the epoch reads, by first step.
+
+        A shard is counted as used by every step that covers any position of its
+        window (``shuffle=True``: the window's rows are interleaved) or of its own
+        rows (``shuffle=False``), on any rank: a superset of what one rank reads,
+        computed without listing rows. This is what the downloader follows.
+        """
+        n = self.num_batches(world_size, consumed)
+        if n == 0:
+            return []
+        size = self.batch_size * world_size
+        if self.shuffle:
+            shards, starts = self._windows(epoch)
+            groups = [(int(starts[w]), int(starts[w + 1]), shards[w * self.window : (w + 1) * self.window]) for w in range(len(starts) - 1)]
+        else:
+            groups = [(int(self.offsets[s]), int(self.offsets[s + 1]), [s]) for s in range(len(self.shard_rows))]
+        uses = []
+        for a, b, members in groups:
+            if b <= max(a, consumed):
+                continue
+            first = (max(a, consumed) - consumed) // size
+            if first >= n:
+                continue
+            last = min(n - 1, (b - 1 - consumed) // size)
+            uses.extend((first, last, int(s)) for s in members if self.shard_rows[s])
+        if not self.drop_last and (self.num_rows - consumed) % size:
+            # the last step pads with positions 0 .. world_size-1 of the order
+            uses.extend((n - 1, n - 1, int(s)) for a, b, members in groups if a < world_size for s in members if self.shard_rows[s])
+        uses.sort()
+        return uses
+
     def _group_by_shard(self, rows: np.ndarray) -> np.ndarray:
         if len(self.shard_rows) <= 1 or len(rows) <= 1:
             return rows

@@ -25,6 +25,7 @@ MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "chute"
 FORMAT_VERSION = 1
 CHECKSUM_ALGORITHMS = ("xxh3_128", "blake2b")
+COMPRESSED_SUFFIX = {"zstd": ".zst"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +36,22 @@ class ShardInfo:
     rows: int
     bytes: int
     checksum: str  # "<algorithm>:<hex digest>"
+    # A shard stored compressed as a whole file (remote stores): the object is
+    # ``file + ".zst"`` of ``stored_bytes`` bytes; ``bytes`` and ``checksum`` are the
+    # decompressed Arrow file's, as the cache holds it.
+    compression: str | None = None
+    stored_bytes: int | None = None
+
+    @property
+    def stored_file(self) -> str:
+        return self.file + COMPRESSED_SUFFIX[self.compression] if self.compression else self.file
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out: dict[str, Any] = {"file": self.file, "rows": self.rows, "bytes": self.bytes, "checksum": self.checksum}
+        if self.compression:
+            out["compression"] = self.compression
+            out["stored_bytes"] = self.stored_bytes
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +105,7 @@ def checksum_file(path: str | os.PathLike, algorithm: str = "xxh3_128", chunk: i
 
 
 def local_path(path: str | os.PathLike, action: str) -> str:
-    """``path`` as a local file-system path; a URL other than ``file://`` is refused.
+    """``path`` as a local file-system path (``file://`` stripped); another URL is refused.
 
     ``action`` completes the message, e.g. ``"write to"`` or ``"open"``.
     """
@@ -99,10 +113,7 @@ def local_path(path: str | os.PathLike, action: str) -> str:
     if text.startswith("file://"):
         return text[len("file://") :]
     if "://" in text:
-        raise ManifestError(
-            f"cannot {action} {text}: this version of chute reads and writes datasets on local paths only. "
-            "Use a local directory (copy the dataset to or from the remote store)"
-        )
+        raise ManifestError(f"cannot {action} {text} as a local path: it is a URL")
     return text
 
 
@@ -162,7 +173,11 @@ def parse_manifest(text: str, where: str) -> Manifest:
                 rows=int(entry["rows"]),
                 bytes=int(entry["bytes"]),
                 checksum=str(entry["checksum"]),
+                compression=entry.get("compression"),
+                stored_bytes=None if entry.get("stored_bytes") is None else int(entry["stored_bytes"]),
             )
+            if shard.compression is not None and shard.compression not in COMPRESSED_SUFFIX:
+                raise ValueError(f"unknown compression {shard.compression!r} (chute knows {sorted(COMPRESSED_SUFFIX)})")
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{where}, shard {i}: invalid entry {entry!r} ({exc})") from None
         if shard.rows < 0 or shard.bytes <= 0:

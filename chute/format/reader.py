@@ -12,12 +12,13 @@ caller is a copy it may write to (the mapping is read-only).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +27,10 @@ import torch
 from chute.errors import ManifestError, ShardError
 from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest
 from chute.format.schema import FIXED_SIZE, Bytes, ColumnType, Json, Map, Ragged, Scalar, Schema, String, Tensor
+
+if TYPE_CHECKING:
+    from chute.storage.cache import ShardCache
+    from chute.storage.remote import Remote
 
 _TORCH_DTYPES = {
     "bool": torch.bool,
@@ -43,6 +48,9 @@ _TORCH_DTYPES = {
     "float64": torch.float64,
 }
 
+
+# Shards a remote dataset keeps held for direct reads (outside a loader).
+_DIRECT_HOLDS = 2
 
 # Rows at least this big are copied one by one to their place in the batch; smaller rows
 # are gathered per shard into a scratch buffer, then reordered (see Dataset._gather_fixed).
@@ -122,10 +130,14 @@ class Dataset:
     process that unpickles it).
     """
 
-    def __init__(self, root: str, manifest: Manifest, manifest_text: str) -> None:
+    def __init__(self, root: str, manifest: Manifest, manifest_text: str, cache: ShardCache | None = None) -> None:
         self.root = root
         self.manifest = manifest
         self._manifest_text = manifest_text
+        self.cache = cache  # the node cache a remote dataset's shards are read through (None: local)
+        self._recent: collections.deque[int] = collections.deque()  # shards held for direct reads (remote)
+        if cache is not None:
+            cache.on_unpin = self._unmap
         self.offsets = np.zeros(len(manifest.shards) + 1, dtype=np.int64)
         np.cumsum([s.rows for s in manifest.shards], out=self.offsets[1:])
         self._starts = self.offsets[:-1]
@@ -160,9 +172,14 @@ class Dataset:
         return f"chute.Dataset({self.root!r}, rows={len(self)}, shards={len(self.shards)}, columns={self.schema.names})"
 
     def __reduce__(self):
+        if self.cache is not None:
+            return (_restore_remote, (self.cache.remote, self._manifest_text, self.cache.cache_dir, self.cache.limit))
         return (_restore, (self.root, self._manifest_text))
 
     def shard_path(self, i: int) -> str:
+        """The local file of shard ``i`` (for a remote dataset: its place in the cache)."""
+        if self.cache is not None:
+            return self.cache.path(i)
         return os.path.join(self.root, *self.manifest.shards[i].file.split("/"))
 
     def locate(self, index: int) -> tuple[int, int]:
@@ -177,6 +194,8 @@ class Dataset:
     def shard(self, i: int) -> _Shard:
         """Shard ``i``, memory-mapped on first use."""
         shard = self._shards[i]
+        if shard is None and self.cache is not None:
+            return self._cached_shard(i)
         if shard is None:
             with self._lock:
                 shard = self._shards[i]
@@ -185,6 +204,50 @@ class Dataset:
                     shard = _Shard(self.shard_path(i), info, self.schema, self.manifest.arrow_schema, f"dataset {self.root}")
                     self._shards[i] = shard
         return shard
+
+    def _cached_shard(self, i: int) -> _Shard:
+        """Shard ``i`` of a remote dataset, mapped from the cache.
+
+        A loader's downloader already holds the shards its batches read; a direct
+        read (``ds[i]``, ``get_batch`` outside a loader) holds the shard itself and
+        keeps the last few held, so neighbouring reads do not download again.
+        """
+        cache = self.cache
+        if not cache.held(i):  # make room among this dataset's own holds first
+            size = self.manifest.shards[i].bytes
+            while True:
+                with self._lock:
+                    held = sum(self.manifest.shards[j].bytes for j in self._recent)
+                    full = len(self._recent) >= _DIRECT_HOLDS or (cache.limit is not None and held + size > cache.limit)
+                    drop = self._recent.popleft() if full and self._recent else None
+                if drop is None:
+                    break
+                cache.release(drop)
+        cache.acquire(i)
+        keep = cache.held(i) == 1  # nobody else holds it: this read keeps it for a while
+        try:
+            with self._lock:
+                shard = self._shards[i]
+            if shard is None:
+                shard = _Shard(cache.path(i), self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}")
+                with self._lock:
+                    if self._shards[i] is None:
+                        self._shards[i] = shard
+                    shard = self._shards[i]
+        except BaseException:
+            cache.release(i)
+            raise
+        if not keep:
+            cache.release(i)
+            return shard
+        with self._lock:
+            self._recent.append(i)
+        return shard
+
+    def _unmap(self, i: int) -> None:
+        """Called by the cache when shard ``i`` is no longer held: drop its mapping."""
+        with self._lock:
+            self._shards[i] = None
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if isinstance(index, (np.integer, torch.Tensor)):
@@ -314,6 +377,15 @@ class Dataset:
 
     def check_shard(self, i: int) -> str | None:
         """A description of what is wrong with shard ``i`` on disk, or None if its bytes are intact."""
+        if self.cache is not None:  # a download is verified; then check the cached copy as it is now
+            self.cache.acquire(i)
+            try:
+                return self._check_file(i)
+            finally:
+                self.cache.release(i)
+        return self._check_file(i)
+
+    def _check_file(self, i: int) -> str | None:
         info = self.manifest.shards[i]
         path = self.shard_path(i)
         try:
@@ -340,6 +412,10 @@ class Dataset:
         """Unmap the shards (they are mapped again if the dataset is read later)."""
         with self._lock:
             self._shards = [None] * len(self._shards)
+            recent, self._recent = list(self._recent), collections.deque()
+        if self.cache is not None:
+            for i in recent:
+                self.cache.release(i)
 
     def __enter__(self) -> Dataset:
         return self
@@ -420,12 +496,40 @@ def _restore(root: str, manifest_text: str) -> Dataset:
     return Dataset(root, parse_manifest(manifest_text, os.path.join(root, MANIFEST_NAME)), manifest_text)
 
 
-def open_dataset(path: str | os.PathLike) -> Dataset:
-    """Open the chute dataset at ``path`` (a directory holding ``manifest.json``).
+def _restore_remote(remote: Remote, manifest_text: str, cache_dir: str, limit: int | None) -> Dataset:
+    from chute.storage.cache import ShardCache
 
-    Validates the manifest and that every shard exists with the size it lists;
-    checksums are checked on demand by :meth:`Dataset.verify`.
+    manifest = parse_manifest(manifest_text, f"{remote.url}/{MANIFEST_NAME}")
+    return Dataset(remote.url, manifest, manifest_text, ShardCache(remote, manifest, cache_dir, limit))
+
+
+def open_dataset(
+    path: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Dataset:
+    """Open the chute dataset at ``path``: a local directory holding ``manifest.json``, or a URL.
+
+    A local dataset's shards are memory-mapped where they are. A remote one
+    (``s3://``, ``gs://``, ``http(s)://``, any fsspec URL) has its manifest read
+    now and its shards downloaded into the node cache ``cache_dir`` (default
+    ``$CHUTE_CACHE_DIR`` or ``~/.cache/chute``) as they are needed, never holding
+    more than ``cache_limit`` bytes there (a number or a string such as
+    ``"20GB"``; default: no limit). ``storage_options`` go to fsspec (e.g.
+    ``{"client_kwargs": {"endpoint_url": ...}}`` for an S3-compatible store).
+
+    Validates the manifest and, for a local dataset, that every shard exists with
+    the size it lists; checksums are checked by :meth:`Dataset.verify` (and on
+    every download).
     """
+    from chute.storage.remote import is_remote
+
+    if is_remote(os.fspath(path)):
+        from chute.storage.open import open_remote
+
+        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options)
     root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if not os.path.isdir(root):
@@ -439,6 +543,10 @@ def open_dataset(path: str | os.PathLike) -> Dataset:
             "finish (the manifest is written last). Write the dataset again"
         ) from None
     manifest = parse_manifest(text, manifest_path)
+    if any(info.compression for info in manifest.shards):  # compressed shards are read through the cache
+        from chute.storage.open import open_remote
+
+        return open_remote("file://" + root, cache_dir, cache_limit, storage_options)
     real_root = os.path.realpath(root)
     for info in manifest.shards:
         path_i = os.path.join(root, *info.file.split("/"))

@@ -1,0 +1,1 @@
+"""Remote storage: fsspec access with retries, the node cache, the downloader, the progressive mode."""

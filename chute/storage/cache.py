@@ -1,0 +1,404 @@
+"""The node cache: one directory per node holding downloaded shards, shared by every process.
+
+Layout of ``cache_dir``::
+
+    .chute-cache.lock                 held briefly while space is reserved or freed
+    <key>/source                      the dataset URL this directory caches
+    <key>/<shard file>                a complete, verified shard (decompressed)
+    <key>/<shard file>.<size>.<tag>.part   a download in progress, reserving <size> bytes
+    <key>/locks/<shard file>.lock     the shard's lock file (never deleted)
+
+Coordination is by ``flock`` on the lock files, which the kernel releases when
+a process dies, and by atomic renames:
+
+* a process **reading** a shard (it has it mapped, or has claimed it for a
+  coming batch) holds a shared lock on it;
+* a process **downloading** a shard holds the exclusive lock, so the others
+  block on their shared lock until the file is there (a blocking wait, not a
+  poll), and find it complete;
+* **eviction** takes the exclusive lock without waiting: a shard anyone reads
+  is never evicted.
+
+The byte limit covers every shard and reservation under ``cache_dir`` (all
+datasets cached there). A download first reserves its full size, under the
+cache lock, by creating its ``.part`` file at that size; if that would pass the
+limit, unlocked shards are evicted first, those whose next use in this
+process's order is furthest away (never used again: first). Shards already in
+the cache from an earlier run are reused (their names carry a per-write token,
+so a rewritten dataset never matches stale files; the size is checked).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import fcntl
+import hashlib
+import logging
+import math
+import os
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from chute.errors import ChuteError, ShardError
+from chute.format.manifest import Manifest, ShardInfo
+from chute.observe import inflight
+from chute.storage.remote import Remote, verify_file
+
+log = logging.getLogger("chute")
+
+LOCK_NAME = ".chute-cache.lock"
+PART_SUFFIX = ".part"
+
+
+def default_cache_dir() -> str:
+    """``$CHUTE_CACHE_DIR``, else ``$XDG_CACHE_HOME/chute``, else ``~/.cache/chute``."""
+    if os.environ.get("CHUTE_CACHE_DIR"):
+        return os.environ["CHUTE_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "chute")
+
+
+class CacheFullError(ChuteError):
+    """The cache limit is too small for the shards that must be resident at once."""
+
+
+def _scan(cache_dir: str) -> tuple[int, list[tuple[str, str, int]]]:
+    """Bytes in use under ``cache_dir`` and its complete shards as ``(dataset dir, file, size)``.
+
+    ``.part`` files count at the size their name reserves; those whose download
+    died (their lock is free) are removed.
+    """
+    used = 0
+    shards: list[tuple[str, str, int]] = []
+    try:
+        entries = list(os.scandir(cache_dir))
+    except FileNotFoundError:
+        return 0, []
+    for entry in entries:
+        if not entry.is_dir() or not os.path.isdir(os.path.join(entry.path, "locks")):
+            continue
+        for item in os.scandir(entry.path):
+            if not item.is_file():
+                continue
+            name = item.name
+            if name.endswith(PART_SUFFIX):
+                shard, size = _part_of(name)
+                if shard is None:
+                    continue
+                if _try_exclusive(entry.path, shard, lambda: _unlink(item.path)):
+                    continue  # a dead download's leftover
+                used += size
+            elif name.endswith(".arrow"):
+                try:
+                    size = item.stat().st_size
+                except FileNotFoundError:
+                    continue
+                used += size
+                shards.append((entry.path, name, size))
+    return used, shards
+
+
+def _part_of(name: str) -> tuple[str | None, int]:
+    parts = name[: -len(PART_SUFFIX)].rsplit(".", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None, 0
+    return parts[0], int(parts[1])
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _lock_path(directory: str, file: str) -> str:
+    return os.path.join(directory, "locks", file.replace("/", "%2F") + ".lock")
+
+
+def _try_exclusive(directory: str, file: str, action: Callable[[], None]) -> bool:
+    """Run ``action`` holding ``file``'s exclusive lock if nobody holds it; whether it ran."""
+    fd = os.open(_lock_path(directory, file), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        action()
+        return True
+    finally:
+        os.close(fd)
+
+
+class ShardCache:
+    """One dataset's shards in a node cache: ``acquire`` a shard (downloading it if needed), ``release`` it.
+
+    A shard is held (shared lock, counted per process) from ``acquire`` to the
+    matching ``release``; while held it is on disk and is not evicted. Thread-safe.
+    """
+
+    def __init__(self, remote: Remote, manifest: Manifest, cache_dir: str | None = None, limit: int | None = None) -> None:
+        self.remote = remote
+        self.manifest = manifest
+        self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
+        self.limit = None if limit is None else int(limit)
+        key = hashlib.blake2b(remote.url.encode("utf-8"), digest_size=8).hexdigest()
+        self.dir = os.path.join(self.cache_dir, key)
+        os.makedirs(os.path.join(self.dir, "locks"), exist_ok=True)
+        source = os.path.join(self.dir, "source")
+        if not os.path.exists(source):
+            tmp = f"{source}.{secrets.token_hex(4)}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(remote.url + "\n")
+            os.replace(tmp, source)
+        self._cond = threading.Condition()
+        self._refs: dict[int, int] = {}
+        self._fds: dict[int, int] = {}
+        self._loading: set[int] = set()
+        self._space = threading.Lock()  # flock does not exclude threads sharing one descriptor
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.next_use: Callable[[int], float] | None = None  # set by the loader: step of a shard's next use
+        self.on_unpin: Callable[[int], None] | None = None  # called before a shard's lock is dropped
+        self.counts = {"hits": 0, "misses": 0, "shards_downloaded": 0, "bytes_downloaded": 0,
+                       "evictions": 0, "checksum_failures": 0}
+        if self.limit is not None:
+            largest = max((s.bytes for s in manifest.shards), default=0)
+            if largest > self.limit:
+                raise CacheFullError(
+                    f"cache_limit {self.limit:,} bytes is smaller than the largest shard of {remote.url} "
+                    f"({largest:,} bytes); the cache needs at least {largest:,} bytes (more to read ahead)"
+                )
+
+    def __repr__(self) -> str:
+        return f"ShardCache({self.remote.url!r} in {self.dir!r}, limit={self.limit})"
+
+    # ------------------------------------------------------------------ paths and state
+
+    def path(self, i: int) -> str:
+        return os.path.join(self.dir, self._file(i))
+
+    def _file(self, i: int) -> str:
+        return self.manifest.shards[i].file.replace("/", "%2F")
+
+    def held(self, i: int) -> int:
+        """How many holds this process has on shard ``i``."""
+        return self._refs.get(i, 0)
+
+    def cached(self, i: int) -> bool:
+        """Whether shard ``i`` is complete in the cache now (it may be evicted right after unless held)."""
+        try:
+            return os.path.getsize(self.path(i)) == self.manifest.shards[i].bytes
+        except FileNotFoundError:
+            return False
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this process's use of the cache, and the bytes the cache holds now."""
+        used, _ = _scan(self.cache_dir)
+        out: dict[str, Any] = dict(self.counts)
+        out["retries"] = self.remote.retries
+        out["bytes_cached"] = used
+        out["limit"] = self.limit
+        lookups = out["hits"] + out["misses"]
+        out["hit_rate"] = out["hits"] / lookups if lookups else None
+        return out
+
+    # ------------------------------------------------------------------ holding shards
+
+    def acquire(self, i: int) -> str:
+        """Hold shard ``i`` in the cache, downloading it if needed; its local path."""
+        with self._cond:
+            while True:
+                if self._refs.get(i, 0) > 0:
+                    self._refs[i] += 1
+                    return self.path(i)
+                if i not in self._loading:
+                    self._loading.add(i)
+                    break
+                self._cond.wait()  # another thread of this process is getting it
+        fd = None
+        try:
+            fd = self._hold(i)
+        finally:
+            with self._cond:
+                self._loading.discard(i)
+                if fd is not None:
+                    self._refs[i] = 1
+                    self._fds[i] = fd
+                self._cond.notify_all()
+        return self.path(i)
+
+    def release(self, i: int) -> None:
+        """Drop one hold on shard ``i``; with the last one it becomes evictable."""
+        with self._cond:
+            count = self._refs.get(i, 0) - 1
+            if count > 0:
+                self._refs[i] = count
+                return
+            if count < 0:
+                raise AssertionError(f"shard {i} released more often than acquired")
+            del self._refs[i]
+            fd = self._fds.pop(i)
+        if self.on_unpin is not None:
+            self.on_unpin(i)
+        os.close(fd)  # drops the shared lock
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Drop every hold (shards stay cached for the next run)."""
+        with self._cond:
+            fds = list(self._fds.values())
+            self._fds.clear()
+            self._refs.clear()
+        for fd in fds:
+            os.close(fd)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _hold(self, i: int) -> int:
+        """Take the shared lock on shard ``i`` with the file complete on disk; the lock's descriptor."""
+        info = self.manifest.shards[i]
+        fd = os.open(_lock_path(self.dir, self._file(i)), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            with inflight.track("wait for another process's download of", self.remote.url + "/" + info.file):
+                fcntl.flock(fd, fcntl.LOCK_SH)  # blocks while another process downloads it
+            if self.cached(i):
+                self.counts["hits"] += 1
+                return fd
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits for a concurrent downloader, or readers of a stale file
+            if self.cached(i):
+                self.counts["hits"] += 1
+            else:
+                self.counts["misses"] += 1
+                self._download(i, info)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    # ------------------------------------------------------------------ downloading
+
+    def _download(self, i: int, info: ShardInfo) -> None:
+        """Download shard ``i`` into the cache (its exclusive lock is held); verify; rename into place."""
+        final = self.path(i)
+        part = self._reserve(i, info.bytes)
+        url = self.remote.url + "/" + info.stored_file
+        try:
+            for attempt in (1, 2):
+                self._fetch(info, part)
+                problem = verify_file(part, info.checksum, url, info.bytes)
+                if problem is None:
+                    break
+                self.counts["checksum_failures"] += 1
+                if attempt == 2:
+                    raise ShardError(
+                        f"{problem}, twice in a row: the remote copy of shard {info.file} is damaged. "
+                        "Write the dataset to the remote store again"
+                    )
+                log.warning("chute: %s; downloading it again", problem)
+            os.replace(part, final)
+        except BaseException:
+            _unlink(part)
+            raise
+        self.counts["shards_downloaded"] += 1
+        self.counts["bytes_downloaded"] += info.stored_bytes if info.compression else info.bytes
+
+    def _fetch(self, info: ShardInfo, part: str) -> None:
+        if info.compression is None:
+            self.remote.download(info.file, part, info.bytes, self._parts_pool())
+            return
+        try:
+            import zstandard
+        except ImportError:
+            raise ChuteError(f"{self.remote.url} stores its shards compressed with zstd: pip install 'chute[zstd]'") from None
+        with open(part, "r+b") as out:
+            decompressor = [zstandard.ZstdDecompressor().decompressobj()]
+
+            def restart() -> None:
+                out.seek(0)
+                decompressor[0] = zstandard.ZstdDecompressor().decompressobj()
+
+            def write(chunk: bytes) -> None:
+                out.write(decompressor[0].decompress(chunk))
+
+            self.remote.download_stream(info.stored_file, write, restart)
+            written = out.tell()
+            if written < info.bytes:  # a cut stream: the checksum check will catch it; keep the reservation size
+                out.truncate(info.bytes)
+
+    def _parts_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            with self._space:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(self.remote.parallel, thread_name_prefix="chute-range")
+        return self._pool
+
+    def _reserve(self, i: int, size: int) -> str:
+        """Create shard ``i``'s ``.part`` file at full size, evicting to stay under the limit."""
+        part = os.path.join(self.dir, f"{self._file(i)}.{size}.{secrets.token_hex(4)}{PART_SUFFIX}")
+        while True:
+            with self._space, self._cache_lock():
+                if self._make_room(i, size):
+                    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                    try:
+                        if size:
+                            os.posix_fallocate(fd, 0, size)
+                    except OSError as exc:
+                        os.close(fd)
+                        _unlink(part)
+                        raise ChuteError(f"cannot reserve {size:,} bytes in the cache {self.cache_dir}: {exc}") from None
+                    os.close(fd)
+                    return part
+            # Everything evictable is gone; wait for a shard to be released (here or elsewhere).
+            with self._cond:
+                self._cond.wait(timeout=1.0)
+
+    @contextlib.contextmanager
+    def _cache_lock(self):
+        fd = os.open(os.path.join(self.cache_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _make_room(self, i: int, size: int) -> bool:
+        """Evict until ``size`` more bytes fit under the limit (holding the cache lock); whether they fit."""
+        if self.limit is None:
+            return True
+        used, shards = _scan(self.cache_dir)
+        if used + size <= self.limit:
+            return True
+        mine = {self._file(j) for j in list(self._refs)} | {self._file(j) for j in list(self._loading) if j != i}
+        held = sum(self.manifest.shards[j].bytes for j in list(self._refs))
+        if held + size > self.limit:
+            raise CacheFullError(
+                f"cache_limit {self.limit:,} bytes cannot hold shard {self.manifest.shards[i].file} "
+                f"({size:,} bytes) beside the {held:,} bytes this process must keep at once; "
+                f"raise cache_limit to at least {held + size:,} bytes"
+            )
+        index = {s.file.replace("/", "%2F"): j for j, s in enumerate(self.manifest.shards)}
+        next_use = self.next_use
+
+        def distance(item: tuple[str, str, int]) -> float:
+            directory, name, _ = item
+            if directory != self.dir or name not in index or next_use is None:
+                return math.inf
+            return next_use(index[name])
+
+        for directory, name, shard_size in sorted(shards, key=distance, reverse=True):
+            if directory == self.dir and name in mine:
+                continue
+            path = os.path.join(directory, name)
+            if _try_exclusive(directory, name, lambda p=path: _unlink(p)):
+                used -= shard_size
+                self.counts["evictions"] += 1
+                if used + size <= self.limit:
+                    return True
+        return False
+
+
+__all__ = ["ShardCache", "CacheFullError", "default_cache_dir"]

@@ -1,0 +1,199 @@
+"""The downloader: keeps the shards of the coming batches in the cache, ahead of the loader.
+
+    order.shard_uses ──► [download threads] ──► held in the cache ──► batch tasks read them
+                                                  released once the consumer is past their last use
+
+The loader's pass knows, for every shard, the first and last step that reads it.
+The fetcher takes these uses in order of first step and holds each shard in the
+node cache (downloading it when it is missing), several at once, as far ahead
+as the byte budget allows (the cache limit, or ``ahead`` bytes when the cache
+is unbounded). A batch task waits until its shards are held; once the consumer
+has received the last step that uses a shard, the fetcher releases it and it
+becomes evictable. The cache evicts by next use, which the fetcher tells it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import threading
+import time
+from collections.abc import Iterable
+
+from chute.errors import ChuteError
+from chute.observe import inflight
+from chute.storage.cache import CacheFullError, ShardCache
+
+
+def resident_bytes(uses: list[tuple[int, int, int]], sizes: list[int]) -> int:
+    """The most bytes of shards that ``uses`` need held at once (at any one step)."""
+    events: list[tuple[int, int]] = []
+    for first, last, shard in uses:
+        events.append((first, sizes[shard]))
+        events.append((last + 1, -sizes[shard]))
+    events.sort(key=lambda e: (e[0], e[1]))  # releases before acquisitions at the same step
+    peak = level = 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def check_limit(cache: ShardCache, uses: list[tuple[int, int, int]]) -> int:
+    """The bytes ``uses`` must hold at once; CacheFullError if the cache's limit is smaller."""
+    need = resident_bytes(uses, [s.bytes for s in cache.manifest.shards])
+    if cache.limit is not None and need > cache.limit:
+        raise CacheFullError(
+            f"cache_limit {cache.limit:,} bytes is smaller than the {need:,} bytes of shards this loader "
+            f"must hold at once (the shuffle windows one batch reads, for {cache.remote.url}); raise "
+            f"cache_limit to at least {need:,} bytes, or use a smaller window or smaller shards"
+        )
+    return need
+
+
+class Fetcher:
+    """Holds the shards a pass will read, in order of use, ``threads`` downloads at a time."""
+
+    def __init__(self, cache: ShardCache, uses: list[tuple[int, int, int]], *, threads: int = 4,
+                 ahead: int = 4 << 30, name: str = "chute-fetch") -> None:
+        self.cache = cache
+        self.uses = uses
+        sizes = [s.bytes for s in cache.manifest.shards]
+        self.sizes = sizes
+        need = check_limit(cache, uses)
+        self.budget = max(need, cache.limit if cache.limit is not None else ahead)
+        self._cond = threading.Condition()
+        self._next = 0  # index in uses of the next one to start
+        self._held_bytes = 0
+        self._ready: dict[int, int] = {}  # shard -> holds this fetcher has that are ready
+        self._held: list[tuple[int, int]] = []  # heap of (last step, shard) of ready or loading uses
+        self._frontier = 0  # steps below this were received by the consumer
+        self._extra: dict[int, int] = {}  # step -> shards a task acquired itself (not in the plan)
+        self._error: BaseException | None = None
+        self._closed = False
+        self.wait_s = 0.0  # time batch tasks spent waiting for shards
+        # where each shard is next used, for the cache's eviction
+        self._by_shard: dict[int, list[int]] = {}
+        for first, _, shard in uses:
+            self._by_shard.setdefault(shard, []).append(first)
+        self._spans: dict[int, list[tuple[int, int]]] = {}
+        for first, last, shard in uses:
+            self._spans.setdefault(shard, []).append((first, last))
+        cache.next_use = self.next_use
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{k}", daemon=True) for k in range(max(1, threads))]
+        for thread in self._threads:
+            thread.start()
+
+    # ------------------------------------------------------------------ the download threads
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and self._error is None and not self._can_start():
+                    self._cond.wait()
+                if self._closed or self._error is not None:
+                    return
+                first, last, shard = self.uses[self._next]
+                self._next += 1
+                self._held_bytes += self.sizes[shard]
+                heapq.heappush(self._held, (last, shard))
+            try:
+                self.cache.acquire(shard)
+            except BaseException as exc:
+                with self._cond:
+                    self._error = exc
+                    self._held_bytes -= self.sizes[shard]
+                    self._held.remove((last, shard))
+                    heapq.heapify(self._held)
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                if self._closed:
+                    self.cache.release(shard)
+                    return
+                self._ready[shard] = self._ready.get(shard, 0) + 1
+                self._cond.notify_all()
+
+    def _can_start(self) -> bool:
+        if self._next >= len(self.uses):
+            return False
+        shard = self.uses[self._next][2]
+        return self._held_bytes == 0 or self._held_bytes + self.sizes[shard] <= self.budget
+
+    # ------------------------------------------------------------------ the batch tasks' side
+
+    def wait(self, step: int, shards: Iterable[int]) -> None:
+        """Block until ``shards`` (those batch ``step`` reads) are held; raise the download's error."""
+        start = time.perf_counter()
+        with self._cond:
+            for shard in shards:
+                if not self._planned(shard, step):
+                    self._extra.setdefault(step, []).append(shard)
+                    self._cond.release()
+                    try:
+                        self.cache.acquire(shard)
+                    finally:
+                        self._cond.acquire()
+                    continue
+                if not self._ready.get(shard):
+                    with inflight.track("wait for download of", f"{self.cache.remote.url}/{self.cache.manifest.shards[shard].file}"):
+                        while not self._ready.get(shard) and self._error is None and not self._closed:
+                            self._cond.wait()
+                if self._error is not None:
+                    raise ChuteError(f"downloading shards of {self.cache.remote.url} failed: {self._error}") from self._error
+                if self._closed:
+                    raise ChuteError("the loader's downloader was closed")
+        self.wait_s += time.perf_counter() - start
+
+    def _planned(self, shard: int, step: int) -> bool:
+        return any(first <= step <= last for first, last in self._spans.get(shard, ()))
+
+    def received(self, step: int) -> None:
+        """The consumer has received batch ``step``: release the shards no later step reads."""
+        release = []
+        with self._cond:
+            self._frontier = max(self._frontier, step + 1)
+            while self._held and self._held[0][0] < self._frontier and self._ready.get(self._held[0][1]):
+                _, shard = heapq.heappop(self._held)
+                self._ready[shard] -= 1
+                self._held_bytes -= self.sizes[shard]
+                release.append(shard)
+            for s in [s for s in self._extra if s < self._frontier]:
+                release.extend(self._extra.pop(s))
+            self._cond.notify_all()
+        for shard in release:
+            self.cache.release(shard)
+
+    def next_use(self, shard: int) -> float:
+        """The first step at or after the consumer's position that reads ``shard`` (inf: none)."""
+        firsts = self._by_shard.get(shard)
+        if not firsts:
+            return math.inf
+        k = bisect.bisect_left(firsts, self._frontier)
+        if k < len(firsts):
+            return firsts[k]
+        spans = self._spans[shard]
+        return self._frontier if any(first <= self._frontier <= last for first, last in spans) else math.inf
+
+    def close(self) -> None:
+        """Stop downloading and release every shard this fetcher holds."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            release = [shard for shard, n in self._ready.items() for _ in range(n)]
+            release += [shard for shards in self._extra.values() for shard in shards]
+            self._ready.clear()
+            self._extra.clear()
+            self._held.clear()
+            self._cond.notify_all()
+        for shard in release:
+            self.cache.release(shard)
+        for thread in self._threads:
+            thread.join(timeout=0.1)
+        if self.cache.next_use == self.next_use:
+            self.cache.next_use = None
+
+
+__all__ = ["Fetcher", "resident_bytes"]

@@ -1,0 +1,39 @@
+"""Opening a dataset that lives in remote storage (or whose shards are stored compressed)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from chute._sizes import parse_size
+from chute.format.manifest import MANIFEST_NAME, parse_manifest
+from chute.format.reader import Dataset
+from chute.storage.cache import ShardCache
+from chute.storage.remote import Remote, RemoteError
+
+
+def open_remote(
+    url: str,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Dataset:
+    """Read the manifest at ``url`` and return the dataset, its shards read through the node cache."""
+    remote = Remote(url, dict(storage_options or {}))
+    where = f"{remote.url}/{MANIFEST_NAME}"
+    try:
+        text = remote.read(MANIFEST_NAME).decode("utf-8")
+    except RemoteError as exc:
+        if "not found" in str(exc):
+            raise RemoteError(
+                f"{where} does not exist: {remote.url} is not a chute dataset, or its writer did not finish "
+                "(the manifest is written last)"
+            ) from None
+        raise
+    except UnicodeDecodeError:
+        text = "\ufffd"  # parse_manifest reports it as invalid JSON
+    manifest = parse_manifest(text, where)
+    limit = None if cache_limit is None else parse_size(cache_limit)
+    cache = ShardCache(remote, manifest, None if cache_dir is None else os.fspath(cache_dir), limit)
+    return Dataset(remote.url, manifest, text, cache)
