@@ -24,3 +24,26 @@ class ShardError(ChuteError):
 
 class PickleRefusedError(ChuteError):
     """A source holds pickled data and the caller did not opt in to unpickling it."""
+
+
+class StallError(ChuteError):
+    """No batch reached the training loop within ``stall_timeout`` (``on_stall="raise"``).
+
+    ``report`` holds the watchdog's full stall report: thread and worker stacks,
+    reads in flight, the samples being built and the queue depths.
+    """
+
+    def __init__(self, message: str, report: str = "") -> None:
+        super().__init__(message)
+        self.report = report
+
+    def __reduce__(self):  # keep ``report`` when pickled (e.g. across processes)
+        return (type(self), (self.args[0] if self.args else "", self.report))
+
+
+class RemoteError(ChuteError):
+    """A request to remote storage failed for good: after its retries, or at once when retrying cannot help."""
+
+
+class CacheFullError(ChuteError):
+    """The cache limit is too small for the shards that must be in the cache at once."""

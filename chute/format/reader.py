@@ -509,6 +509,7 @@ def open_dataset(
     cache_dir: str | os.PathLike | None = None,
     cache_limit: int | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    retries: int | None = None,
 ) -> Dataset:
     """Open the chute dataset at ``path``: a local directory holding ``manifest.json``, or a URL.
 
@@ -519,6 +520,9 @@ def open_dataset(
     more than ``cache_limit`` bytes there (a number or a string such as
     ``"20GB"``; default: no limit). ``storage_options`` go to fsspec (e.g.
     ``{"client_kwargs": {"endpoint_url": ...}}`` for an S3-compatible store).
+    A request that fails transiently (timeout, reset connection, HTTP 5xx,
+    throttling) is tried up to ``retries`` times in all (default 8, about 20 s
+    of backoff) before a :class:`chute.RemoteError` names the URL and the errors.
 
     Validates the manifest and, for a local dataset, that every shard exists with
     the size it lists; checksums are checked by :meth:`Dataset.verify` (and on
@@ -529,7 +533,7 @@ def open_dataset(
     if is_remote(os.fspath(path)):
         from chute.storage.open import open_remote
 
-        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options)
+        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries)
     root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if not os.path.isdir(root):
@@ -546,7 +550,7 @@ def open_dataset(
     if any(info.compression for info in manifest.shards):  # compressed shards are read through the cache
         from chute.storage.open import open_remote
 
-        return open_remote("file://" + root, cache_dir, cache_limit, storage_options)
+        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries)
     real_root = os.path.realpath(root)
     for info in manifest.shards:
         path_i = os.path.join(root, *info.file.split("/"))

@@ -22,6 +22,8 @@ import fcntl
 import os
 import re
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -38,7 +40,7 @@ DEFAULT_SHARD_SIZE = 128 * 2**20
 DEFAULT_LOOKAHEAD = 64
 LOCK_NAME = ".chute-write.lock"
 TMP_SUFFIX = ".chute-tmp"
-_SHARD_RE = re.compile(r"shard-\d{5,}\.[0-9a-f]+\.arrow")
+_SHARD_RE = re.compile(r"shard-\d{5,}\.[0-9a-f]+\.arrow(\.zst)?")
 
 
 def _fsync_path(path: str) -> None:
@@ -76,8 +78,34 @@ class Writer:
         lookahead: int = DEFAULT_LOOKAHEAD,
         checksum: str = "xxh3_128",
         durable: bool = True,
+        compression: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.root = os.path.abspath(local_path(path, "write to"))
+        from chute.storage.remote import is_remote
+
+        text = os.fspath(path)
+        self.upload = None  # remote storage, or compressed shards: see chute.storage.upload
+        self.staging: str | None = None
+        if is_remote(text):
+            from chute.storage.upload import Upload
+
+            if text.startswith(("http://", "https://")):
+                raise ChuteError(
+                    f"cannot write to {text}: HTTP servers are read-only for chute; write the dataset to a "
+                    "local directory or an object store and serve that"
+                )
+
+            self.url = text.rstrip("/")
+            self.upload = Upload(self.url, dict(storage_options or {}), compression)
+            self.staging = tempfile.mkdtemp(prefix="chute-write-")
+            self.root = self.staging  # shards are built here, then uploaded
+        else:
+            self.root = os.path.abspath(local_path(text, "write to"))
+            self.url = self.root
+            if compression is not None:
+                from chute.storage.upload import Upload
+
+                self.upload = Upload("file://" + self.root, None, compression)
         self.shard_size = max(1, parse_size(shard_size))
         self.metadata = dict(metadata or {})
         self.lookahead = max(1, int(lookahead))
@@ -101,6 +129,15 @@ class Writer:
     # ------------------------------------------------------------------ lifecycle
 
     def _begin(self, overwrite: bool) -> Manifest | None:
+        if self.staging is not None:
+            previous = self.upload.previous()
+            if previous is not None and not overwrite:
+                shutil.rmtree(self.staging, ignore_errors=True)
+                raise ChuteError(
+                    f"{self.url} already holds a chute dataset ({previous.rows} rows); pass "
+                    "overwrite=True (chute convert --overwrite) to replace it"
+                )
+            return previous
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise ChuteError(f"cannot write a dataset to {self.root}: it is a file, not a directory")
         os.makedirs(self.root, exist_ok=True)
@@ -121,7 +158,7 @@ class Writer:
                     f"{self.root} already holds a chute dataset ({previous.rows} rows); pass "
                     "overwrite=True (chute convert --overwrite) to replace it"
                 )
-            keep = {s.file for s in previous.shards} if previous else set()
+            keep = {s.stored_file for s in previous.shards} if previous else set()
             self._remove_leftovers(keep)
         except BaseException:
             self._unlock()
@@ -219,7 +256,13 @@ class Writer:
         digest = checksum_file(tmp, self.checksum)
         os.replace(tmp, final)
         self._tmp_files.discard(tmp)
-        self.shards.append(ShardInfo(name, self.shard_rows, size, digest))
+        info = ShardInfo(name, self.shard_rows, size, digest)
+        if self.upload is not None:
+            try:
+                info = self.upload.put(final, info)
+            finally:
+                os.unlink(final)  # the staged copy (a compressed local dataset keeps only the .zst)
+        self.shards.append(info)
         self.shard_rows = 0
         self.shard_bytes = 0
 
@@ -249,6 +292,15 @@ class Writer:
         except BaseException:
             self.abort()
             raise
+        if self.staging is not None:
+            try:
+                self.upload.commit(text, self._previous, manifest.shards)
+            except BaseException:
+                self.abort()
+                raise
+            self.closed = True
+            shutil.rmtree(self.staging, ignore_errors=True)
+            return manifest
         target = os.path.join(self.root, MANIFEST_NAME)
         tmp = os.path.join(self.root, f".{MANIFEST_NAME}.{self.token}{TMP_SUFFIX}")
         self._tmp_files.add(tmp)
@@ -267,7 +319,7 @@ class Writer:
             raise
         self.closed = True
         if self._previous is not None:
-            self._remove_leftovers({s.file for s in self.shards})
+            self._remove_leftovers({s.stored_file for s in self.shards})
         self._unlock()
         return manifest
 
@@ -276,6 +328,10 @@ class Writer:
         if self.closed:
             return
         self.closed = True
+        if self.upload is not None:
+            self.upload.abort()
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
         for tmp in self._tmp_files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -294,6 +350,8 @@ def write(
     metadata: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     lookahead: int = DEFAULT_LOOKAHEAD,
+    compression: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> chute.Dataset:
     """Write ``samples`` (an iterable of dicts) as a chute dataset at ``path`` and open it.
 
@@ -301,12 +359,19 @@ def write(
     and dicts with str keys. ``shard_size`` is the target size of one shard in bytes
     (or a string such as ``"128MB"``). See :class:`Writer` for the schema rules and
     what happens when writing fails.
+
+    ``path`` may be a URL (``s3://bucket/prefix``, any fsspec URL that can be
+    written; ``storage_options`` go to fsspec): shards are built locally, uploaded
+    as they are finished, and the manifest is uploaded last. ``compression="zstd"``
+    stores each shard compressed as a whole file; readers decompress it into
+    their cache.
     """
     with Writer(
-        path, schema=schema, shard_size=shard_size, metadata=metadata, overwrite=overwrite, lookahead=lookahead
+        path, schema=schema, shard_size=shard_size, metadata=metadata, overwrite=overwrite, lookahead=lookahead,
+        compression=compression, storage_options=storage_options,
     ) as writer:
         for sample in samples:
             writer.append(sample)
     from chute.format.reader import open_dataset
 
-    return open_dataset(writer.root)
+    return open_dataset(writer.url, storage_options=storage_options)

@@ -42,7 +42,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from chute.errors import ChuteError, ShardError
+from chute.errors import CacheFullError, ChuteError, ShardError
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
 from chute.storage.remote import Remote, verify_file
@@ -59,10 +59,6 @@ def default_cache_dir() -> str:
         return os.environ["CHUTE_CACHE_DIR"]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "chute")
-
-
-class CacheFullError(ChuteError):
-    """The cache limit is too small for the shards that must be resident at once."""
 
 
 def _scan(cache_dir: str) -> tuple[int, list[tuple[str, str, int]]]:

@@ -7,10 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from chute._sizes import parse_size
+from chute.errors import ManifestError
 from chute.format.manifest import MANIFEST_NAME, parse_manifest
 from chute.format.reader import Dataset
 from chute.storage.cache import ShardCache
-from chute.storage.remote import Remote, RemoteError
+from chute.storage.remote import NotFound, Remote, RetryPolicy
 
 
 def open_remote(
@@ -18,19 +19,19 @@ def open_remote(
     cache_dir: str | os.PathLike | None = None,
     cache_limit: int | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    retries: int | None = None,
 ) -> Dataset:
     """Read the manifest at ``url`` and return the dataset, its shards read through the node cache."""
-    remote = Remote(url, dict(storage_options or {}))
+    retry = RetryPolicy() if retries is None else RetryPolicy(attempts=max(1, int(retries)))
+    remote = Remote(url, dict(storage_options or {}), retry)
     where = f"{remote.url}/{MANIFEST_NAME}"
     try:
         text = remote.read(MANIFEST_NAME).decode("utf-8")
-    except RemoteError as exc:
-        if "not found" in str(exc):
-            raise RemoteError(
-                f"{where} does not exist: {remote.url} is not a chute dataset, or its writer did not finish "
-                "(the manifest is written last)"
-            ) from None
-        raise
+    except NotFound:
+        raise ManifestError(
+            f"{where} does not exist: {remote.url} is not a chute dataset, or its writer did not finish "
+            "(the manifest is written last)"
+        ) from None
     except UnicodeDecodeError:
         text = "\ufffd"  # parse_manifest reports it as invalid JSON
     manifest = parse_manifest(text, where)

@@ -18,11 +18,10 @@ import dataclasses
 import os
 import random
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from chute.errors import ChuteError, ShardError
+from chute.errors import RemoteError
 from chute.observe import inflight
 
 T = TypeVar("T")
@@ -35,8 +34,8 @@ _BACKENDS = {"s3": "s3fs (pip install 'chute[s3]')", "s3a": "s3fs (pip install '
              "http": "aiohttp (pip install 'chute[http]')", "https": "aiohttp (pip install 'chute[http]')"}
 
 
-class RemoteError(ChuteError):
-    """A request to remote storage failed for good (after retries, or at once if retrying cannot help)."""
+class NotFound(RemoteError):
+    """The object does not exist (HTTP 404, no such key)."""
 
 
 class ShortRead(OSError):
@@ -86,7 +85,7 @@ def is_transient(exc: BaseException) -> bool:
             return False
         status = status_of(exc)
         if status is not None:
-            return status >= 500 or status in (408, 429)
+            return (status >= 500 and status not in (501, 505)) or status in (408, 429)
         code = getattr(exc, "response", None)
         if isinstance(code, dict) and code.get("Error", {}).get("Code") in _THROTTLE_CODES:
             return True
@@ -198,7 +197,7 @@ class Remote:
             except Exception as exc:
                 if not is_transient(exc):
                     if isinstance(exc, FileNotFoundError):
-                        raise RemoteError(f"{what} {url}: not found (HTTP 404 / no such object). Check the URL and that the dataset was written completely") from None
+                        raise NotFound(f"{what} {url}: not found (HTTP 404 / no such object). Check the URL and that the dataset was written completely") from None
                     raise RemoteError(f"{what} {url} failed: {describe(exc)}; not retried (the error will not go away by itself)") from exc
                 errors.append(describe(exc))
                 if attempt == self.retry.attempts:
@@ -329,4 +328,4 @@ def is_remote(url: str) -> bool:
     return "://" in url and url.split("://", 1)[0] not in LOCAL_PROTOCOLS
 
 
-__all__ = ["Remote", "RemoteError", "RetryPolicy", "ShardError", "is_remote", "is_transient", "verify_file"]
+__all__ = ["Remote", "RemoteError", "RetryPolicy", "is_remote", "is_transient", "verify_file"]

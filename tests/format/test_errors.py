@@ -262,10 +262,12 @@ def test_writer_killed_with_sigkill_leaves_no_valid_dataset(tmp_path):
     assert _leftovers(target) == sorted(["manifest.json", *(s.file for s in ds.shards)])  # the dead writer's files are gone
 
 
-def test_remote_urls_are_refused_with_what_to_do(tmp_path):
-    with pytest.raises(chute.ManifestError, match="cannot open s3://bucket/ds: .*local paths only"):
-        chute.open("s3://bucket/ds")
-    with pytest.raises(chute.ManifestError, match="cannot write to https://host/ds"):
+def test_urls_chute_cannot_serve_say_what_to_do(tmp_path):
+    with pytest.raises(chute.ChuteError, match=r"cannot open gs://bucket/ds: it needs gcsfs \(pip install 'chute\[gcs\]'\)"):
+        chute.open("gs://bucket/ds", cache_dir=tmp_path / "cache")
+    with pytest.raises(chute.ChuteError, match="cannot open nosuchproto://x/ds"):
+        chute.open("nosuchproto://x/ds", cache_dir=tmp_path / "cache")
+    with pytest.raises(chute.ChuteError, match="cannot write to https://host/ds: HTTP servers are read-only"):
         chute.write([{"x": 1}], "https://host/ds")
     ds = chute.write([{"x": 1}], f"file://{tmp_path / 'ds'}")  # file:// is a local path
-    assert chute.open(f"file://{ds.root}")[0] == {"x": 1}
+    assert ds.cache is None and chute.open(f"file://{ds.root}")[0] == {"x": 1}
