@@ -349,6 +349,8 @@ class ShardCache:
                     os.close(fd)
                     return part
             # Everything evictable is gone; wait for a shard to be released (here or elsewhere).
+            if self.remote.closed:
+                raise ChuteError(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
             with self._cond:
                 self._cond.wait(timeout=1.0)
 

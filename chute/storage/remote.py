@@ -182,6 +182,10 @@ class Remote:
             return join(self.url, name)
         return join(self._path, name)
 
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
     def close(self) -> None:
         """Cut retry waits short (a download in progress still finishes its current request)."""
         self._stop.set()
