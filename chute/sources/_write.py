@@ -60,7 +60,7 @@ def write_samples(
         except BaseException:
             writer.abort()
             raise
-    return open_dataset(writer.root)
+    return open_dataset(writer.url)
 
 
 def _with_origin(message: str, recent: collections.deque[tuple[int, str]]) -> str:
