@@ -7,6 +7,7 @@ shows medians and ratios measured in the same run.
   W1  MISSION.md section 1: 20,000 pickled dicts, batch 64 (chute: converted; torch: the .pkl.gz files)
   W2  200,000 uint8[3,32,32] + int64 labels, batch 256
   W3  2,000 float32 records of 1 MiB, batch 8
+  W4  20,000 JPEGs of 256x256, Pillow decode + random crop to 224 (benchmarks/_w4.py), batch 256
 
     python benchmarks/loader.py --data-dir bench-data
     python benchmarks/loader.py --only w2 --repeats 3
@@ -31,7 +32,11 @@ CONFIGS = {
     "w3": ["limit", "chute", "chute-1thread", "torch-0", "torch-2"],
     "w1": ["chute", "torch-0", "torch-2"],
 }
-BATCH = {"w1": 64, "w2": 256, "w3": 8}
+CONFIGS["w4"] = ["limit-1", "limit-2proc", "torch-2", "chute-2", "chute-auto", "chute-proc2"]
+BATCH = {"w1": 64, "w2": 256, "w3": 8, "w4": 256}
+# issue 6: W2 with the autotuner (num_threads=None) against hand-picked thread counts, same run
+CONFIGS["w2tune"] = ["chute-auto", "chute-t1", "chute-t2", "chute-t4"]
+BATCH["w2tune"] = 256
 
 
 def _first(batch):
@@ -46,6 +51,12 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
     import chute
     from _data import MemmapDataset, array_dataset, pickle_dataset
 
+    if workload == "w4":
+        from _w4 import measure as measure_w4
+
+        return measure_w4(config, data_dir, epochs)
+    if workload == "w2tune":
+        return measure_tune(config, data_dir, epochs)
     batch = BATCH[workload]
     if workload == "w1":
         ds, index = pickle_dataset(data_dir)
@@ -114,6 +125,44 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
     }
 
 
+def measure_tune(config: str, data_dir: str, epochs: int) -> dict:
+    """W2 through chute.Loader with the autotuner ("chute-auto") or ``num_threads`` N ("chute-tN")."""
+    import chute
+    from _data import array_dataset
+
+    ds, _ = array_dataset("w2", data_dir)
+    threads = None if config == "chute-auto" else int(config.removeprefix("chute-t"))
+    start = time.perf_counter()
+    loader = chute.Loader(ds.root, BATCH["w2tune"], shuffle=True, seed=0, num_threads=threads)
+    samples = 0
+    for _ in range(epochs):
+        for b in loader:
+            samples += len(b["label"])
+    elapsed = time.perf_counter() - start
+    report = loader.report(since="start")
+    return {
+        "samples_per_s": samples / elapsed,
+        "threads": report.settings["num_threads"],
+        "prefetch": report.settings["prefetch"],
+        "decisions": len(report.decisions),
+        "rss_per_epoch_mb": [],
+    }
+
+
+def print_tune(results: dict, repeats: int) -> None:
+    """The autotuner's throughput against the best hand-picked thread count (goal: >= 0.9x)."""
+    best = max((k for k in results if k != "chute-auto"), key=lambda k: results[k]["samples_per_s"])
+    print(f"\nW2 autotuner vs hand-picked num_threads (batch {BATCH['w2tune']}, median of {repeats})")
+    print(f"  {'config':12s} {'samples/s':>11s} {'/best hand-picked':>18s} {'threads':>8s} {'prefetch':>9s}")
+    for config, r in results.items():
+        print(
+            f"  {config:12s} {r['samples_per_s']:11,.0f} {r['samples_per_s'] / results[best]['samples_per_s']:18.2f} "
+            f"{r['threads']:8.0f} {r['prefetch']:9.0f}"
+        )
+    ratio = results["chute-auto"]["samples_per_s"] / results[best]["samples_per_s"]
+    print(f"  autotuner / best hand-picked ({best}): {ratio:.2f} (goal >= 0.9)")
+
+
 def _rss_mb(children: bool = False) -> float:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if children:
@@ -136,7 +185,7 @@ def main() -> None:
     import torch
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPUs, median of {args.repeats} runs of {args.epochs} epoch(s)")
-    for workload in args.only or ["w2", "w3", "w1"]:
+    for workload in args.only or ["w2", "w2tune", "w3", "w1", "w4"]:
         results = {}
         for config in CONFIGS[workload]:
             runs = []
@@ -148,6 +197,14 @@ def main() -> None:
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             results[config] = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "rss_per_epoch_mb"}
             results[config]["rss_per_epoch_mb"] = runs[-1]["rss_per_epoch_mb"]
+        if workload == "w4":
+            from _w4 import print_table
+
+            print_table(results, args.repeats)
+            continue
+        if workload == "w2tune":
+            print_tune(results, args.repeats)
+            continue
         best_torch = max(v["samples_per_s"] for k, v in results.items() if k.startswith("torch"))
         limit = results.get("limit", {}).get("samples_per_s")
         print(f"\n{workload.upper()} (batch {BATCH[workload]})")

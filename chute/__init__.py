@@ -7,7 +7,16 @@ batched tensors, and find out when the data side is what slows training down.
 __version__ = "0.1.0"
 
 from chute.device import DeviceLoader, to_device
-from chute.errors import ChuteError, ManifestError, PickleRefusedError, SchemaError, ShardError
+from chute.errors import (
+    CacheFullError,
+    ChuteError,
+    ManifestError,
+    PickleRefusedError,
+    RemoteError,
+    SchemaError,
+    ShardError,
+    StallError,
+)
 from chute.format import (
     Bytes,
     Dataset,
@@ -24,10 +33,15 @@ from chute.format import (
 from chute.format import open_dataset as open
 from chute.pipeline import Loader, TorchIterable
 
+# Last, so that ``chute.observe`` is the function, not the subpackage of the same name
+# (import submodules as ``from chute.observe.report import Report``).
+from chute.observe.consumer import observe  # noqa: E402
+
 __all__ = [
     "__version__",
-    "ChuteError", "ManifestError", "SchemaError", "ShardError", "PickleRefusedError",
+    "ChuteError", "ManifestError", "SchemaError", "ShardError", "PickleRefusedError", "StallError",
+    "RemoteError", "CacheFullError",
     "open", "write", "Writer", "Dataset", "Schema",
     "Tensor", "Ragged", "Scalar", "Bytes", "String", "Map", "Json",
-    "to_device", "DeviceLoader", "Loader", "TorchIterable",
+    "to_device", "DeviceLoader", "Loader", "TorchIterable", "observe",
 ]

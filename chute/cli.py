@@ -1,4 +1,4 @@
-"""The ``chute`` command: convert, inspect, demo."""
+"""The ``chute`` command: convert, inspect, bench, tune, doctor, demo (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -92,6 +92,76 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from chute.observe import bench
+
+    if args.plot:  # fail before the run, not after it
+        _require_matplotlib()
+    result = bench.run(
+        args.dataset, batch_size=args.batch_size, num_threads=args.threads, workers=args.workers, prefetch=args.prefetch,
+        epochs=args.epochs, seconds=args.seconds, shuffle=not args.no_shuffle, cache_dir=args.cache_dir,
+    )
+    if args.plot:
+        bench.plot(result, args.plot)
+    if args.json:
+        print(bench.dumps(result))
+        return 0
+    print(result.summary())
+    print()
+    print(result.report_text)
+    if args.plot:
+        print(f"\nplot written to {args.plot}")
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from chute.observe import bench
+
+    result = bench.run(
+        args.dataset, batch_size=args.batch_size, num_threads=None, epochs=None, seconds=args.seconds,
+        step_ms=args.step_ms, shuffle=True, cache_dir=args.cache_dir,
+        loader_kwargs={"max_threads": args.max_threads} if args.max_threads else None,
+    )
+    if args.json:
+        print(bench.dumps(result))
+        return 0
+    print(f"chute tune {result.dataset}: batch {result.batch_size}, simulated step {args.step_ms:g} ms, {result.elapsed_s:.1f} s")
+    print(bench.tune_text(result))
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from chute.observe import doctor
+
+    dataset = None
+    if args.dataset:
+        from chute.format.reader import open_dataset
+
+        dataset = open_dataset(args.dataset, cache_dir=args.cache_dir)
+    env = doctor.gather(args.cache_dir)
+    checks = doctor.check(env, dataset, batch_size=args.batch_size, prefetch=args.prefetch, workers=args.workers)
+    if args.json:
+        print(json.dumps([c.to_json() for c in checks], indent=2))
+    else:
+        print(f"chute doctor{' ' + str(dataset.root) if dataset is not None else ''}")
+        print(doctor.format_checks(checks))
+    return doctor.exit_code(checks)
+
+
+def _require_matplotlib() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ChuteError("--plot needs matplotlib: pip install 'chute[plot]'")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chute", description="Keep the accelerator fed: convert, inspect and read chute datasets.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +189,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=300, help="training steps for the tiny-model comparison (default 300)")
     p.add_argument("--keep", action="store_true", help="keep the generated files and dataset")
     p.set_defaults(run=_demo)
+
+    p = sub.add_parser("bench", help="measure a Loader on a dataset: throughput, time to first batch, per-stage utilisation")
+    p.add_argument("dataset", help="a chute dataset: local path or URL")
+    p.add_argument("--batch-size", type=int, default=256, help="samples per batch (default 256)")
+    p.add_argument("--threads", type=int, default=None, help="worker threads (default: autotuned) or processes with --workers processes")
+    p.add_argument("--workers", choices=["threads", "processes"], default="threads", help="worker kind (default threads)")
+    p.add_argument("--prefetch", type=int, default=None, help="batches in flight (default: autotuned)")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the dataset (default 1; --seconds may end the run sooner)")
+    p.add_argument("--seconds", type=_positive, default=None, help="stop after this many seconds")
+    p.add_argument("--no-shuffle", action="store_true", help="read in storage order")
+    p.add_argument("--cache-dir", default=None, help="node cache for a remote dataset (default $CHUTE_CACHE_DIR or ~/.cache/chute)")
+    p.add_argument("--plot", metavar="OUT.png", default=None, help="write throughput over time and stage utilisation (needs chute[plot])")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(run=_bench)
+
+    p = sub.add_parser("tune", help="run the autotuner against a simulated training step and print the settings it finds, and why")
+    p.add_argument("dataset", help="a chute dataset: local path or URL")
+    p.add_argument("--step-ms", type=float, default=10.0, help="simulated training step per batch, in ms (default 10)")
+    p.add_argument("--batch-size", type=int, default=256, help="samples per batch (default 256)")
+    p.add_argument("--seconds", type=_positive, default=20.0, help="how long to run (default 20)")
+    p.add_argument("--max-threads", type=int, default=None, help="the autotuner's CPU budget (default: the usable CPUs)")
+    p.add_argument("--cache-dir", default=None, help="node cache for a remote dataset")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(run=_tune)
+
+    p = sub.add_parser("doctor", help="check this machine for what makes data loading slow or fail, and what to change")
+    p.add_argument("dataset", nargs="?", help="a chute dataset to check against (size, shards, remote backend)")
+    p.add_argument("--cache-dir", default=None, help="the node cache directory to check (default $CHUTE_CACHE_DIR or ~/.cache/chute)")
+    p.add_argument("--batch-size", type=int, default=256, help="for the /dev/shm estimate (default 256)")
+    p.add_argument("--prefetch", type=int, default=None, help="for the /dev/shm estimate (default 2 per worker)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes, for the /dev/shm estimate (default: CPUs, at most 8)")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(run=_doctor)
     return parser
 
 

@@ -270,8 +270,9 @@ class Order:
                 continue
             last = min(n - 1, (b - 1 - consumed) // size)
             uses.extend((first, last, int(s)) for s in members if self.shard_rows[s])
-        if not self.drop_last and (self.num_rows - consumed) % size:
-            # the last step pads with positions 0 .. world_size-1 of the order
+        rest = (self.num_rows - consumed) % size
+        if not self.drop_last and rest and -(-rest // world_size) * world_size > rest:
+            # some rank's last batch pads with positions 0 .. world_size-1 of the order
             uses.extend((n - 1, n - 1, int(s)) for a, b, members in groups if a < world_size for s in members if self.shard_rows[s])
         uses.sort()
         return uses

@@ -8,8 +8,9 @@ they concern.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -45,6 +46,18 @@ class BatchFns:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
 
 
+class BatchTimes(NamedTuple):
+    """Where a batch task's time went (``time.perf_counter_ns`` values and durations), for the counters."""
+
+    start_ns: int  # when the gather started
+    read_ns: int  # dataset.get_batch
+    per_sample_ns: int  # the per-sample transform loop
+    collate_ns: int
+    batch_transform_ns: int
+    nbytes: int  # bytes of the gathered batch (tensors and byte strings)
+    out_nbytes: int  # bytes of the finished batch (what waits in the queue: the autotuner's memory budget)
+
+
 @dataclasses.dataclass
 class Loaded:
     """A finished batch task: the batch, or None if every sample of it was skipped."""
@@ -52,6 +65,7 @@ class Loaded:
     batch: Any
     rows: int
     skipped: list[int]
+    times: BatchTimes | None = None
 
 
 def unbind(batch: dict[str, Any], dataset: Dataset) -> list[dict[str, Any]]:
@@ -68,9 +82,16 @@ def describe_row(dataset: Dataset, index: int) -> str:
     return f"sample {index} (shard {dataset.shards[shard].file}, row {row})"
 
 
-def load_batch(dataset: Dataset, indices: np.ndarray, fns: BatchFns, out: dict[str, torch.Tensor] | None = None) -> Loaded:
-    """Gather ``indices`` from ``dataset`` and apply ``fns``."""
+def load_batch(
+    dataset: Dataset, indices: np.ndarray, fns: BatchFns, out: dict[str, torch.Tensor] | None = None, timed: bool = True
+) -> Loaded:
+    """Gather ``indices`` from ``dataset`` and apply ``fns``; with ``timed``, say where the time went."""
+    clock = time.perf_counter_ns
+    start = clock() if timed else 0
     batch = dataset.get_batch(indices, out=out)
+    read = clock() if timed else 0
+    per_sample = collate = done = read
+    nbytes = nbytes_of(batch) if timed else 0
     skipped: list[int] = []
     if fns.transform is not None or fns.collate is not None:
         samples = unbind(batch, dataset)
@@ -88,9 +109,12 @@ def load_batch(dataset: Dataset, indices: np.ndarray, fns: BatchFns, out: dict[s
                         f"{type(exc).__name__}: {exc}. Pass on_error='skip' to skip such samples"
                     ) from exc
             samples = kept
+        per_sample = collate = done = clock() if timed else 0
         if not samples:
-            return Loaded(None, 0, skipped)
+            times = BatchTimes(start, read - start, per_sample - read, 0, 0, nbytes, 0) if timed else None
+            return Loaded(None, 0, skipped, times)
         batch = (fns.collate or default_collate)(samples)
+        collate = done = clock() if timed else 0
     if fns.batch_transform is not None:
         try:
             batch = fns.batch_transform(batch)
@@ -100,7 +124,27 @@ def load_batch(dataset: Dataset, indices: np.ndarray, fns: BatchFns, out: dict[s
                 f"batch_transform {_name(fns.batch_transform)} failed on a batch of {len(indices)} samples "
                 f"starting with {first}: {type(exc).__name__}: {exc}"
             ) from exc
-    return Loaded(batch, len(indices) - len(skipped), skipped)
+        done = clock() if timed else 0
+    if timed:
+        out_nbytes = nbytes if done == read else nbytes_of(batch)  # transformed: measure what came out
+        times = BatchTimes(start, read - start, per_sample - read, collate - per_sample, done - collate, nbytes, out_nbytes)
+    else:
+        times = None
+    return Loaded(batch, len(indices) - len(skipped), skipped, times)
+
+
+def nbytes_of(batch: Any) -> int:
+    """Bytes of the tensors and byte-string lists at the top level of a batch (dict, list or tensor)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.nbytes
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    total = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            total += value.nbytes
+        elif isinstance(value, list) and value and isinstance(value[0], (bytes, bytearray)):
+            total += sum(len(v) for v in value)
+    return total
 
 
 def _name(fn: Callable) -> str:

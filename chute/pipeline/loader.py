@@ -171,6 +171,8 @@ class Loader:
         self._pass: _Pass | None = None
         self._processes = None
         self._buffers = BufferPool(keep=self.prefetch + 4)
+        if tuner is not None:  # remember as many reusable buffers as batches the autotuner lets be in flight
+            tuner.on_change = lambda threads, depth, buffers=self._buffers: setattr(buffers, "keep", depth + threads + 4)
         if on_stall not in ("warn", "raise"):
             raise ValueError(f"on_stall must be 'warn' or 'raise', got {on_stall!r}")
         self._stall = StallTimeout(stall_timeout)
@@ -406,6 +408,7 @@ class Loader:
             "num_threads": tuner.policy.threads if tuner is not None else self.num_threads,
             "prefetch": tuner.policy.depth if tuner is not None else self.prefetch,
             "autotune": tuner is not None,
+            "tuned": [] if tuner is None else [n for n, on in (("threads", tuner.policy.tune_threads), ("prefetch", tuner.policy.tune_depth)) if on],
             "workers": self.workers,
             "max_threads": self.max_threads,
             "max_prefetch_bytes": self.max_prefetch_bytes,

@@ -70,6 +70,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import faulthandler
 import io
 import itertools
 import multiprocessing
@@ -98,6 +99,7 @@ _ALIGN = 64  # every tensor starts on a 64-byte boundary of its slot
 _GRAIN = 1 << 16  # slot sizes are multiples of this
 _MIN_SLOT = 1 << 18
 _STOP_GRACE = 1.0  # seconds a stopped worker gets to exit on its own before it is terminated
+_STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # asks a worker for its stacks (the hang watchdog)
 
 _GUARD_ADVICE = (
     "With workers='processes' the transform, batch_transform and collate are sent to worker processes "
@@ -329,9 +331,16 @@ def _safe_str(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- the worker
 
 
-def _worker_main(conn: connection.Connection, setup: bytes) -> None:
-    """A worker process: run batch tasks from ``conn`` until told to stop or the main process goes."""
+def _worker_main(conn: connection.Connection, setup: bytes, stacks: connection.Connection | None = None) -> None:
+    """A worker process: run batch tasks from ``conn`` until told to stop or the main process goes.
+
+    ``stacks`` is the write end of a pipe: on SIGUSR1 ``faulthandler`` writes the
+    Python stack of every thread of this worker into it, from the signal handler
+    (no GIL needed), for the hang watchdog in the main process.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    if stacks is not None and _STACK_SIGNAL is not None:
+        faulthandler.register(_STACK_SIGNAL, file=stacks.fileno(), all_threads=True, chain=False)
     torch.set_num_threads(1)  # workers x intra-op threads would oversubscribe the cores
     try:
         try:
@@ -387,7 +396,7 @@ def _run(dataset: Dataset, order: Order, fns: BatchFns, rank: int, world_size: i
     try:
         loaded = load_batch(dataset, order.batch(epoch, step, rank, world_size, start), fns)
         try:
-            return ("ok", *_encode((loaded.batch, loaded.rows, loaded.skipped), segment))
+            return ("ok", *_encode((loaded.batch, loaded.rows, loaded.skipped, loaded.times), segment))  # times: for the counters
         except Exception as exc:
             raise ChuteError(
                 f"the batch of step {step} (epoch {epoch}) cannot be sent back from the worker process "
@@ -404,11 +413,14 @@ def _run(dataset: Dataset, order: Order, fns: BatchFns, rank: int, world_size: i
 class _Worker:
     """The main process's handle on one worker: process, pipe and the tasks it has not answered."""
 
-    __slots__ = ("process", "conn", "tasks", "ready", "eof")
+    __slots__ = ("process", "conn", "tasks", "ready", "eof", "stacks")
 
-    def __init__(self, process: multiprocessing.process.BaseProcess, conn: connection.Connection) -> None:
+    def __init__(
+        self, process: multiprocessing.process.BaseProcess, conn: connection.Connection, stacks: connection.Connection | None = None
+    ) -> None:
         self.process = process
         self.conn = conn
+        self.stacks = stacks  # read end of the worker's stack-dump pipe
         self.tasks: collections.deque[tuple[int, int, int, int]] = collections.deque()  # (pass, epoch, step, slot)
         self.ready = False
         self.eof = False
@@ -423,6 +435,7 @@ class _Running:
     def __init__(self) -> None:
         self.workers: list[_Worker] = []
         self.ring: _Ring | None = None
+        self.wake: tuple[connection.Connection, connection.Connection] | None = None  # interrupts the consumer's wait
 
     @property
     def started(self) -> bool:
@@ -435,14 +448,17 @@ class _Running:
         resource_tracker.ensure_running()
         self.ring = _Ring(slots, slot_bytes)
         try:
+            self.wake = context.Pipe(duplex=False)
             for i in range(workers):
                 parent, child = context.Pipe(duplex=True)
-                process = context.Process(target=_worker_main, args=(child, setup), name=f"{name}-{i}", daemon=True)
+                stacks_in, stacks_out = context.Pipe(duplex=False)
+                process = context.Process(target=_worker_main, args=(child, setup, stacks_out), name=f"{name}-{i}", daemon=True)
                 try:
                     process.start()
                 finally:
                     child.close()
-                self.workers.append(_Worker(process, parent))
+                    stacks_out.close()
+                self.workers.append(_Worker(process, parent, stacks_in))
         except BaseException:
             self.shutdown()
             raise
@@ -451,6 +467,7 @@ class _Running:
         """Stop the workers (ask, then terminate, then kill), close their pipes, unlink the ring."""
         workers, self.workers = self.workers, []
         ring, self.ring = self.ring, None
+        wake, self.wake = self.wake, None
         for w in workers:
             with contextlib.suppress(OSError):
                 w.conn.send(None)
@@ -472,10 +489,43 @@ class _Running:
                 w.process.join(1.0)
         for w in workers:
             w.conn.close()
+            if w.stacks is not None:
+                w.stacks.close()
             with contextlib.suppress(ValueError):  # still running after kill: leave it to the OS
                 w.process.close()
+        if wake is not None:
+            for end in wake:
+                end.close()
         if ring is not None:
             ring.release()
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStatus:
+    """One worker process as the hang watchdog reports it."""
+
+    pid: int
+    alive: bool
+    exitcode: int | None
+    steps: list[int]  # steps sent to it and not answered, in order: the first is being built
+    ready: bool = True  # False while it is still starting (spawn, imports, loading the dataset)
+
+
+def _read_available(conn: connection.Connection, timeout: float, quiet: float) -> bytes:
+    """Bytes from a pipe: wait up to ``timeout`` for the first, then until it is quiet for ``quiet`` seconds."""
+    chunks: list[bytes] = []
+    wait = timeout
+    try:
+        fd = conn.fileno()
+        while connection.wait([conn], wait):
+            data = os.read(fd, 1 << 16)
+            if not data:
+                break
+            chunks.append(data)
+            wait = quiet
+    except (OSError, ValueError):  # closed meanwhile (the pool shut down)
+        pass
+    return b"".join(chunks)
 
 
 def _discard(w: _Worker) -> None:
@@ -554,12 +604,62 @@ class ProcessPool:
         self._active: _Pass | None = None
         self._closed = False
         self._turn = 0
+        self._interrupt: BaseException | None = None  # set by interrupt(), raised by the consumer's wait
         self._start()
 
     @property
     def pids(self) -> list[int]:
         """Process ids of the running workers."""
         return [w.process.pid for w in self._running.workers]
+
+    # ------------------------------------------------------------------ for the hang watchdog (any thread)
+
+    def status(self) -> list[WorkerStatus]:
+        """Each worker's pid, whether it is alive, and the steps it has been sent (the first is being built)."""
+        out = []
+        for w in list(self._running.workers):
+            with contextlib.suppress(ValueError):  # closed meanwhile by a shutdown in another thread
+                code = w.process.exitcode
+                out.append(WorkerStatus(w.process.pid, code is None, code, [task[2] for task in list(w.tasks)], w.ready))
+        return out
+
+    def dump_stacks(self, timeout: float = 2.0, quiet: float = 0.2) -> dict[int, str]:
+        """The Python stacks of every live worker, as ``faulthandler`` prints them, by pid.
+
+        Sends SIGUSR1 to each worker; its ``faulthandler`` writes the stacks into
+        the worker's stack pipe from the signal handler, even if the worker holds
+        the GIL. A dump has no end marker: a worker's dump is complete once its
+        pipe has been quiet for ``quiet`` seconds after the first bytes (waits
+        are blocking waits on the pipe, no sleeps); a worker silent for
+        ``timeout`` seconds is left out.
+        """
+        if _STACK_SIGNAL is None:
+            return {}
+        asked: list[tuple[int, connection.Connection]] = []
+        for w in list(self._running.workers):
+            with contextlib.suppress(OSError, ValueError):  # exited, or closed by a shutdown meanwhile
+                if w.stacks is None or not w.ready or w.process.exitcode is not None:
+                    continue  # not started yet: SIGUSR1 would kill it before faulthandler is set up
+                _read_available(w.stacks, 0.0, 0.0)  # a late answer to an earlier request
+                os.kill(w.process.pid, _STACK_SIGNAL)
+                asked.append((w.process.pid, w.stacks))
+        return {pid: _read_available(stacks, timeout, quiet).decode("utf-8", "replace") for pid, stacks in asked}
+
+    def interrupt(self, exc: BaseException) -> bool:
+        """Make the consumer's wait for the next batch raise ``exc`` (the watchdog's ``on_stall="raise"``).
+
+        The workers are stopped first (one may be stuck for good); iterating
+        again starts new ones. False if the pool is not running.
+        """
+        wake = self._running.wake
+        if wake is None or self._active is None:
+            return False
+        self._interrupt = exc
+        try:
+            wake[1].send_bytes(b"!")
+        except OSError:
+            return False
+        return True
 
     def map(self, epoch: int, start: int, steps: Iterable[int]) -> _Pass:
         """The batches of ``steps`` of ``epoch`` (counted from position ``start``), in order."""
@@ -619,8 +719,8 @@ class ProcessPool:
                 self._cancel(current)
                 raise _decode_exception(reply[1], reply[2])
             _, payload, layout, inline, _ = reply
-            batch, rows, skipped = _decode(payload, layout, inline, ring.segments[slot])
-            return Loaded(batch, rows, skipped)
+            batch, rows, skipped, times = _decode(payload, layout, inline, ring.segments[slot])
+            return Loaded(batch, rows, skipped, times)
         finally:
             ring.give_back(slot)
 
@@ -658,7 +758,16 @@ class ProcessPool:
         by_handle: dict[Any, _Worker] = {}
         for w in workers:
             by_handle[w.conn] = by_handle[w.process.sentinel] = w
-        ready = connection.wait(list(by_handle))
+        wake = self._running.wake
+        ready = connection.wait([*by_handle, wake[0]] if wake is not None else list(by_handle))
+        if wake is not None and wake[0] in ready:
+            while wake[0].poll():
+                wake[0].recv_bytes()
+            exc, self._interrupt = self._interrupt, None
+            if exc is not None:
+                self._break()  # a worker may be stuck for good: start afresh on the next pass
+                raise exc
+            ready = [handle for handle in ready if handle is not wake[0]]
         for handle in ready:
             if handle is by_handle[handle].conn:
                 self._drain(by_handle[handle])

@@ -6,21 +6,29 @@ Layout of ``cache_dir``::
     <key>/source                      the dataset URL this directory caches
     <key>/<shard file>                a complete, verified shard (decompressed)
     <key>/<shard file>.<size>.<tag>.part   a download in progress, reserving <size> bytes
-    <key>/locks/<shard file>.lock     the shard's lock file (never deleted)
+    <key>/locks/<shard file>.lock     the shard's read lock (never deleted)
+    <key>/locks/<shard file>.download the shard's download lock (never deleted)
 
 Coordination is by ``flock`` on the lock files, which the kernel releases when
 a process dies, and by atomic renames:
 
 * a process **reading** a shard (it has it mapped, or has claimed it for a
-  coming batch) holds a shared lock on it;
-* a process **downloading** a shard holds the exclusive lock, so the others
-  block on their shared lock until the file is there (a blocking wait, not a
-  poll), and find it complete;
-* **eviction** takes the exclusive lock without waiting: a shard anyone reads
-  is never evicted.
+  coming batch, or is getting it) holds its read lock shared;
+* a process **downloading** a shard holds its download lock exclusive, so the
+  others that need it block on the download lock until the file is there (a
+  blocking wait, not a poll), and find it complete. Waiting for a download
+  never waits for readers: a shared read lock is never converted to an
+  exclusive one (two processes each reading a shard the other waits to upgrade
+  would deadlock);
+* **eviction** takes the read lock exclusive without waiting: a shard anyone
+  reads is never evicted. A ``.part`` file whose download lock is free is a
+  dead download's leftover and is removed.
 
 The byte limit covers every shard and reservation under ``cache_dir`` (all
-datasets cached there). A download first reserves its full size, under the
+datasets cached there). The cache lock is held while the files are counted, a
+``.part`` file is created, a shard is evicted, or a ``.part`` file is renamed
+into place (a directory listing taken during a rename could miss the file, and
+the count would come out low). A download first reserves its full size, under the
 cache lock, by creating its ``.part`` file at that size; if that would pass the
 limit, unlocked shards are evicted first, those whose next use in this
 process's order is furthest away (never used again: first). Shards already in
@@ -45,12 +53,14 @@ from typing import Any
 from chute.errors import CacheFullError, ChuteError, ShardError
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
-from chute.storage.remote import Remote, verify_file
+from chute.storage.remote import Cancelled, Remote, verify_file
 
 log = logging.getLogger("chute")
 
 LOCK_NAME = ".chute-cache.lock"
 PART_SUFFIX = ".part"
+READ_LOCK = ".lock"  # held shared by readers of a shard, exclusive by its eviction
+DOWNLOAD_LOCK = ".download"  # held exclusive by the one process downloading a shard
 
 
 def default_cache_dir() -> str:
@@ -84,7 +94,7 @@ def _scan(cache_dir: str) -> tuple[int, list[tuple[str, str, int]]]:
                 shard, size = _part_of(name)
                 if shard is None:
                     continue
-                if _try_exclusive(entry.path, shard, lambda: _unlink(item.path)):
+                if _try_exclusive(entry.path, shard, lambda: _unlink(item.path), DOWNLOAD_LOCK):
                     continue  # a dead download's leftover
                 used += size
             elif name.endswith(".arrow"):
@@ -109,13 +119,13 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-def _lock_path(directory: str, file: str) -> str:
-    return os.path.join(directory, "locks", file.replace("/", "%2F") + ".lock")
+def _lock_path(directory: str, file: str, kind: str = READ_LOCK) -> str:
+    return os.path.join(directory, "locks", file.replace("/", "%2F") + kind)
 
 
-def _try_exclusive(directory: str, file: str, action: Callable[[], None]) -> bool:
-    """Run ``action`` holding ``file``'s exclusive lock if nobody holds it; whether it ran."""
-    fd = os.open(_lock_path(directory, file), os.O_RDWR | os.O_CREAT, 0o644)
+def _try_exclusive(directory: str, file: str, action: Callable[[], None], kind: str = READ_LOCK) -> bool:
+    """Run ``action`` holding ``file``'s lock ``kind`` exclusive if nobody holds it; whether it ran."""
+    fd = os.open(_lock_path(directory, file, kind), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -254,22 +264,31 @@ class ShardCache:
             self._pool = None
 
     def _hold(self, i: int) -> int:
-        """Take the shared lock on shard ``i`` with the file complete on disk; the lock's descriptor."""
+        """Take the read lock on shard ``i`` (shared) with the file complete on disk; its descriptor.
+
+        Held from before the shard is looked for, so it cannot be evicted between
+        being found and being read. A missing shard is downloaded under its
+        download lock: the one process that takes it downloads, the others wait
+        on it and then find the file.
+        """
         info = self.manifest.shards[i]
         fd = os.open(_lock_path(self.dir, self._file(i)), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            with inflight.track("wait for another process's download of", self.remote.url + "/" + info.file):
-                fcntl.flock(fd, fcntl.LOCK_SH)  # blocks while another process downloads it
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an eviction removes the file
             if self.cached(i):
                 self.counts["hits"] += 1
                 return fd
-            fcntl.flock(fd, fcntl.LOCK_EX)  # waits for a concurrent downloader, or readers of a stale file
-            if self.cached(i):
-                self.counts["hits"] += 1
-            else:
-                self.counts["misses"] += 1
-                self._download(i, info)
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            download = os.open(_lock_path(self.dir, self._file(i), DOWNLOAD_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                with inflight.track("wait for another process's download of", self.remote.url + "/" + info.file):
+                    fcntl.flock(download, fcntl.LOCK_EX)  # blocks while another process downloads it
+                if self.cached(i):
+                    self.counts["hits"] += 1
+                else:
+                    self.counts["misses"] += 1
+                    self._download(i, info)
+            finally:
+                os.close(download)  # drops the download lock; the read lock stays
             return fd
         except BaseException:
             os.close(fd)
@@ -278,7 +297,7 @@ class ShardCache:
     # ------------------------------------------------------------------ downloading
 
     def _download(self, i: int, info: ShardInfo) -> None:
-        """Download shard ``i`` into the cache (its exclusive lock is held); verify; rename into place."""
+        """Download shard ``i`` into the cache (its download lock is held); verify; rename into place."""
         final = self.path(i)
         part = self._reserve(i, info.bytes)
         url = self.remote.url + "/" + info.stored_file
@@ -295,7 +314,8 @@ class ShardCache:
                         "Write the dataset to the remote store again"
                     )
                 log.warning("chute: %s; downloading it again", problem)
-            os.replace(part, final)
+            with self._space, self._cache_lock():  # a concurrent scan sees the .part or the shard, never neither
+                os.replace(part, final)
         except BaseException:
             _unlink(part)
             raise
@@ -336,6 +356,8 @@ class ShardCache:
         """Create shard ``i``'s ``.part`` file at full size, evicting to stay under the limit."""
         part = os.path.join(self.dir, f"{self._file(i)}.{size}.{secrets.token_hex(4)}{PART_SUFFIX}")
         while True:
+            if self.remote.cancelled():  # closed, or this thread's loader was closed: evict nothing for it
+                raise Cancelled(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
             with self._space, self._cache_lock():
                 if self._make_room(i, size):
                     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -349,8 +371,6 @@ class ShardCache:
                     os.close(fd)
                     return part
             # Everything evictable is gone; wait for a shard to be released (here or elsewhere).
-            if self.remote.closed:
-                raise ChuteError(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
             with self._cond:
                 self._cond.wait(timeout=1.0)
 

@@ -15,6 +15,8 @@ becomes evictable. The cache evicts by next use, which the fetcher tells it.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import copy
 import heapq
 import math
 import threading
@@ -24,6 +26,31 @@ from collections.abc import Iterable
 from chute.errors import ChuteError
 from chute.observe import inflight
 from chute.storage.cache import CacheFullError, ShardCache
+
+
+#: How long close() waits for download threads to finish their current request (a hung
+#: request is left to its socket timeout, in a daemon thread).
+_JOIN_TIMEOUT = 2.0
+
+
+def _again(error: BaseException, url: str) -> BaseException:
+    """The download error ``error`` to raise in one more batch task.
+
+    Each waiting task raises its own copy, of the same class and message (a
+    ShardError stays a ShardError, a RemoteError a RemoteError), chained to the
+    original; an error that is not chute's is wrapped in a ChuteError naming ``url``.
+    """
+    if isinstance(error, ChuteError):
+        try:
+            again = copy.copy(error)
+        except Exception:
+            again = None
+        if type(again) is type(error) and again.args == error.args:
+            again.__cause__ = error
+            return again
+    wrapped = ChuteError(f"downloading shards of {url} failed: {type(error).__name__}: {error}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def resident_bytes(uses: list[tuple[int, int, int]], sizes: list[int]) -> int:
@@ -72,6 +99,7 @@ class Fetcher:
         self._extra: dict[int, int] = {}  # step -> shards a task acquired itself (not in the plan)
         self._error: BaseException | None = None
         self._closed = False
+        self._cancel = threading.Event()  # set by close(): downloads in progress stop (see Remote.cancelled_by)
         self.wait_s = 0.0  # time batch tasks spent waiting for shards
         # where each shard is next used, for the cache's eviction
         self._by_shard: dict[int, list[int]] = {}
@@ -99,13 +127,16 @@ class Fetcher:
                 self._held_bytes += self.sizes[shard]
                 heapq.heappush(self._held, (last, shard))
             try:
-                self.cache.acquire(shard)
+                with self.cache.remote.cancelled_by(self._cancel):
+                    self.cache.acquire(shard)
             except BaseException as exc:
                 with self._cond:
-                    self._error = exc
-                    self._held_bytes -= self.sizes[shard]
-                    self._held.remove((last, shard))
-                    heapq.heapify(self._held)
+                    if not self._closed:  # after close() nobody waits for it, and close() cleared the books
+                        self._error = exc
+                        self._held_bytes -= self.sizes[shard]
+                        with contextlib.suppress(ValueError):
+                            self._held.remove((last, shard))
+                            heapq.heapify(self._held)
                     self._cond.notify_all()
                 return
             with self._cond:
@@ -141,7 +172,7 @@ class Fetcher:
                         while not self._ready.get(shard) and self._error is None and not self._closed:
                             self._cond.wait()
                 if self._error is not None:
-                    raise ChuteError(f"downloading shards of {self.cache.remote.url} failed: {self._error}") from self._error
+                    raise _again(self._error, self.cache.remote.url)
                 if self._closed:
                     raise ChuteError("the loader's downloader was closed")
         self.wait_s += time.perf_counter() - start
@@ -188,10 +219,12 @@ class Fetcher:
             self._extra.clear()
             self._held.clear()
             self._cond.notify_all()
+        self._cancel.set()  # downloads in flight end within their current request; none starts
         for shard in release:
             self.cache.release(shard)
+        deadline = time.monotonic() + _JOIN_TIMEOUT
         for thread in self._threads:
-            thread.join(timeout=0.1)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.cache.next_use == self.next_use:
             self.cache.next_use = None
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import random
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from chute.errors import RemoteError
@@ -36,6 +38,10 @@ _BACKENDS = {"s3": "s3fs (pip install 'chute[s3]')", "s3a": "s3fs (pip install '
 
 class NotFound(RemoteError):
     """The object does not exist (HTTP 404, no such key)."""
+
+
+class Cancelled(RemoteError):
+    """A request was not made, or not retried, because its loader or dataset was closed."""
 
 
 class ShortRead(OSError):
@@ -130,6 +136,8 @@ class Remote:
         self._lock = threading.Lock()
         self._rng = random.Random()
         self._stop = threading.Event()
+        self._local = threading.local()  # .cancel: the event that stops this thread's requests (see cancelled_by)
+        self._cancels: weakref.WeakSet[threading.Event] = weakref.WeakSet()
         self.retries = 0  # transient failures retried, over this object's life
 
     def __getstate__(self) -> dict:
@@ -188,14 +196,49 @@ class Remote:
 
     def close(self) -> None:
         """Cut retry waits short (a download in progress still finishes its current request)."""
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            for event in list(self._cancels):
+                event.set()
+
+    @contextlib.contextmanager
+    def cancelled_by(self, event: threading.Event | None) -> Iterator[None]:
+        """Within this block, the calling thread's requests stop once ``event`` is set.
+
+        A request not yet made raises :class:`Cancelled`, and so does a retry wait,
+        at once. A loader's downloader runs its downloads in such a block, so that
+        closing the loader (or an error) ends them within one request instead of
+        after the whole retry budget, and no download thread outlives the loader.
+        """
+        if event is None:
+            yield
+            return
+        with self._lock:
+            self._cancels.add(event)
+            if self._stop.is_set():
+                event.set()
+        previous = getattr(self._local, "cancel", None)
+        self._local.cancel = event
+        try:
+            yield
+        finally:
+            self._local.cancel = previous
+
+    def cancelled(self) -> bool:
+        """Whether the calling thread's requests should stop (see :meth:`cancelled_by`, :meth:`close`)."""
+        cancel = getattr(self._local, "cancel", None)
+        return self._stop.is_set() or (cancel is not None and cancel.is_set())
 
     # ------------------------------------------------------------------ requests with retries
 
     def call(self, what: str, url: str, fn: Callable[[], T]) -> T:
         """``fn()`` with retries of transient failures; ``what`` and ``url`` name it in errors."""
         errors: list[str] = []
+        stop = getattr(self._local, "cancel", None) or self._stop
         for attempt in range(1, self.retry.attempts + 1):
+            if self.cancelled():
+                raise Cancelled(f"{what} {url}: cancelled (the loader or dataset was closed)"
+                                + (f" after {attempt - 1} attempt(s): {errors[-1]}" if errors else ""))
             try:
                 return fn()
             except Exception as exc:
@@ -206,9 +249,9 @@ class Remote:
                 errors.append(describe(exc))
                 if attempt == self.retry.attempts:
                     break
-                self.retries += 1
-                if self._stop.wait(self.retry.delay(attempt, self._rng)):
-                    raise RemoteError(f"{what} {url}: cancelled (the dataset was closed) after {attempt} attempt(s): {errors[-1]}") from None
+                with self._lock:
+                    self.retries += 1
+                stop.wait(self.retry.delay(attempt, self._rng))  # cut short by close() or the thread's cancel event
         raise RemoteError(
             f"{what} {url} failed after {len(errors)} attempts; last error: {errors[-1]}"
             + (f"; earlier: {'; '.join(dict.fromkeys(errors[:-1]))}" if len(errors) > 1 else "")
@@ -242,13 +285,15 @@ class Remote:
         ``pool`` (each range retried on its own); smaller ones in one request.
         """
         path, url = self.path(name), join(self.url, name)
+        cancel = getattr(self._local, "cancel", None)  # the byte ranges run on pool threads: pass it on
         fd = os.open(dest, os.O_WRONLY)
         try:
             parts = [(start, min(self.part_size, size - start)) for start in range(0, size, self.part_size)] or [(0, 0)]
 
             def fetch(part: tuple[int, int]) -> None:
                 start, length = part
-                data = self._range(path, url, start, length) if len(parts) > 1 else self._whole(path, url, size)
+                with self.cancelled_by(cancel):
+                    data = self._range(path, url, start, length) if len(parts) > 1 else self._whole(path, url, size)
                 os.pwrite(fd, data, start)
 
             if len(parts) == 1 or pool is None:

@@ -1,0 +1,314 @@
+"""Always-on, cheap counters: where each stage of a loader spends its time.
+
+Every stage of the pipeline (DESIGN.md decision 6) has a :class:`Stage` that
+counts its busy time, the items and bytes it handled, and the time it spent
+waiting on its input (nothing to do yet) and on its output (no room
+downstream). The training loop's side is a :class:`Consumer`: time blocked in
+``next()`` (waiting for data) versus time between ``next()`` calls (its
+compute). The report (``chute.observe.report``), the autotuner and the trace
+are all computed from these numbers.
+
+The stages of a ``chute.Loader`` are:
+
+``fetch``      downloads into the node cache (fed by the storage layer)
+``order``      computing the indices of a batch
+``read``       the gather from the shards (``dataset.get_batch``)
+``transform``  per-sample transform + collate + batch_transform (0 if none)
+``device``     the device stage's copy (with ``device=``)
+
+plus ``workers``, the worker pool itself: busy = time in batch tasks,
+``wait_out`` = idle time waiting for a task (the consumer has not taken
+results yet, so no new task was submitted). Its busy + idle is the pool's
+thread time, which the report uses to compute the pool stages' utilisation.
+
+Recording from other code (the storage layer, a user's stage)::
+
+    stage = loader.counters.stage("fetch")
+    stage.workers = 4                       # its concurrency, for utilisation
+    stage.add(busy_s, items=1, nbytes=n)    # one download done
+    stage.wait_out(seconds)                 # blocked: the cache had no room
+    loader.counters.stage("read").wait_in(seconds)   # a reader blocked on a shard not yet downloaded
+
+``stage.record(start_ns, end_ns, items, nbytes, step)`` does what ``add`` does
+and also puts the span into the trace ring (``loader.trace(path)``); times are
+``time.perf_counter_ns()`` values. A ``read.wait_in`` recorded by the thread that
+runs ``get_batch``, during that call, is taken out of the read's busy time, so
+a cache miss shows up as waiting on ``fetch``, not as slow reading.
+
+Cost: each thread writes its own cell (a ``threading.local``), so writers never
+take a lock and never contend; a snapshot sums the cells under a lock that only
+snapshots and first writes of a new thread take. Cells of threads that have
+ended are folded into one, so their number stays bounded by the live threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+
+#: Stages of a Loader, in the order data flows through them.
+STAGES = ("fetch", "order", "read", "transform", "device")
+#: Pseudo-stage of the worker pool: busy = batch tasks, wait_out = idle.
+WORKERS = "workers"
+#: Parts of the "transform" stage, kept apart so the report can name the slow one.
+TRANSFORM_PARTS = ("per_sample", "collate", "batch_transform")
+
+_NS = 1_000_000_000
+
+
+class _Cell:
+    """One thread's counts for one stage; only that thread writes it."""
+
+    __slots__ = ("busy_ns", "items", "nbytes", "wait_in_ns", "wait_out_ns", "parts", "thread", "tid")
+
+    def __init__(self, thread: threading.Thread | None) -> None:
+        self.busy_ns = 0
+        self.items = 0
+        self.nbytes = 0
+        self.wait_in_ns = 0
+        self.wait_out_ns = 0
+        self.parts: dict[str, int] = {}
+        self.thread = thread
+        self.tid = thread.ident if thread is not None else 0  # the trace's thread id
+
+    def merge(self, other: _Cell) -> None:
+        self.busy_ns += other.busy_ns
+        self.items += other.items
+        self.nbytes += other.nbytes
+        self.wait_in_ns += other.wait_in_ns
+        self.wait_out_ns += other.wait_out_ns
+        for key, value in other.parts.items():
+            self.parts[key] = self.parts.get(key, 0) + value
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTotals:
+    """A stage's counts at one moment (or the difference of two moments)."""
+
+    name: str
+    unit: str
+    workers: int
+    busy_ns: int = 0
+    items: int = 0
+    nbytes: int = 0
+    wait_in_ns: int = 0
+    wait_out_ns: int = 0
+    parts: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def __sub__(self, other: StageTotals) -> StageTotals:
+        return StageTotals(
+            self.name, self.unit, self.workers,
+            self.busy_ns - other.busy_ns, self.items - other.items, self.nbytes - other.nbytes,
+            self.wait_in_ns - other.wait_in_ns, self.wait_out_ns - other.wait_out_ns,
+            {k: v - other.parts.get(k, 0) for k, v in self.parts.items()},
+        )
+
+    @property
+    def busy_s(self) -> float:
+        return self.busy_ns / _NS
+
+    @property
+    def wait_in_s(self) -> float:
+        return self.wait_in_ns / _NS
+
+    @property
+    def wait_out_s(self) -> float:
+        return self.wait_out_ns / _NS
+
+    @property
+    def active(self) -> bool:
+        """Whether anything was recorded."""
+        return bool(self.busy_ns or self.items or self.wait_in_ns or self.wait_out_ns)
+
+
+class Stage:
+    """Counters of one stage, written by any number of threads without locks.
+
+    ``workers`` is the stage's current concurrency (threads, processes or
+    downloads at once); its owner keeps it up to date.
+    """
+
+    def __init__(self, name: str, trace: collections.deque, thread_names: dict[int, str], unit: str = "samples") -> None:
+        self.name = name
+        self.unit = unit
+        self.workers = 1
+        self._trace = trace
+        self._thread_names = thread_names
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._cells: list[_Cell] = []
+        self._ended = _Cell(None)  # folded cells of threads that have ended
+
+    def cell(self) -> _Cell:
+        """The calling thread's cell (created on its first use). Hot loops may keep it."""
+        try:
+            return self._local.cell
+        except AttributeError:
+            thread = threading.current_thread()
+            cell = self._local.cell = _Cell(thread)
+            with self._lock:
+                self._cells.append(cell)
+            self._thread_names[threading.get_ident()] = thread.name
+            return cell
+
+    def add(self, busy_s: float, items: int = 0, nbytes: int = 0) -> None:
+        """Count ``busy_s`` seconds of work on ``items`` items of ``nbytes`` bytes."""
+        cell = self.cell()
+        cell.busy_ns += int(busy_s * _NS)
+        cell.items += items
+        cell.nbytes += nbytes
+
+    def record(
+        self, start_ns: int, end_ns: int, items: int = 0, nbytes: int = 0, step: int | None = None,
+        *, waited_ns: int = 0, thread: int | None = None,
+    ) -> None:
+        """``add`` for the span ``[start_ns, end_ns)`` (perf_counter_ns values), also kept for the trace.
+
+        ``waited_ns`` of the span were spent waiting (already counted as a
+        wait) and are not busy time; ``thread`` is the trace's thread id for
+        spans measured elsewhere (default: the calling thread).
+        """
+        cell = self.cell()
+        cell.busy_ns += end_ns - start_ns - waited_ns
+        cell.items += items
+        cell.nbytes += nbytes
+        self._trace.append((self.name, cell.tid if thread is None else thread, start_ns, end_ns - start_ns, step, items))
+
+    def add_part(self, part: str, busy_ns: int) -> None:
+        """Count ``busy_ns`` of this stage's busy time as spent in ``part`` (e.g. transform's "collate")."""
+        parts = self.cell().parts
+        parts[part] = parts.get(part, 0) + busy_ns
+
+    def wait_in(self, seconds: float) -> None:
+        """Count time this stage waited for its input (its upstream was late)."""
+        self.cell().wait_in_ns += int(seconds * _NS)
+
+    def wait_out(self, seconds: float) -> None:
+        """Count time this stage waited for room downstream (its consumer was late)."""
+        self.cell().wait_out_ns += int(seconds * _NS)
+
+    def totals(self) -> StageTotals:
+        """The sum over all threads, now; cells of ended threads are folded into one."""
+        total = _Cell(None)
+        with self._lock:
+            live = []
+            for cell in self._cells:
+                if cell.thread is not None and not cell.thread.is_alive():
+                    self._ended.merge(cell)  # it will never be written again
+                else:
+                    live.append(cell)
+                    total.merge(cell)
+            self._cells = live
+            total.merge(self._ended)
+        return StageTotals(
+            self.name, self.unit, self.workers, total.busy_ns, total.items, total.nbytes,
+            total.wait_in_ns, total.wait_out_ns, total.parts,
+        )
+
+
+class Consumer:
+    """The training loop's side: time blocked in ``next()`` vs time between calls.
+
+    Written by the one thread that iterates (the loop); read by anyone.
+    """
+
+    __slots__ = ("wait_ns", "compute_ns", "batches", "samples", "first_wait_ns")
+
+    def __init__(self) -> None:
+        self.wait_ns = 0
+        self.compute_ns = 0
+        self.batches = 0
+        self.samples = 0
+        self.first_wait_ns: int | None = None  # time to the first batch of the loader's life
+
+    def totals(self) -> ConsumerTotals:
+        return ConsumerTotals(self.wait_ns, self.compute_ns, self.batches, self.samples)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumerTotals:
+    wait_ns: int = 0
+    compute_ns: int = 0
+    batches: int = 0
+    samples: int = 0
+
+    def __sub__(self, other: ConsumerTotals) -> ConsumerTotals:
+        return ConsumerTotals(
+            self.wait_ns - other.wait_ns, self.compute_ns - other.compute_ns,
+            self.batches - other.batches, self.samples - other.samples,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """Every counter of a :class:`Counters` at one moment; subtract two for a window."""
+
+    time_ns: int
+    stages: dict[str, StageTotals]
+    consumer: ConsumerTotals
+
+    def __sub__(self, other: Snapshot) -> Snapshot:
+        stages = {
+            name: totals - other.stages[name] if name in other.stages else totals
+            for name, totals in self.stages.items()
+        }
+        return Snapshot(self.time_ns - other.time_ns, stages, self.consumer - other.consumer)
+
+
+class Counters:
+    """The counters of one loader: named stages, the consumer, and a trace ring.
+
+    ``trace_events`` bounds the ring of spans kept for ``loader.trace(path)``
+    (the last few hundred batches: each batch leaves about five spans).
+    """
+
+    def __init__(self, trace_events: int = 2048) -> None:
+        self.trace: collections.deque = collections.deque(maxlen=trace_events)
+        self.thread_names: dict[int, str] = {}
+        self.consumer = Consumer()
+        self.created_ns = time.perf_counter_ns()
+        self._stages: dict[str, Stage] = {}
+        self._lock = threading.Lock()
+        for name in (*STAGES, WORKERS):
+            self.stage(name, "shards" if name == "fetch" else "batches" if name == WORKERS else "samples")
+        # the Loader's own stages, as attributes for its per-batch code
+        self.order, self.read, self.transform = self._stages["order"], self._stages["read"], self._stages["transform"]
+
+    def stage(self, name: str, unit: str | None = None) -> Stage:
+        """The stage called ``name`` (created on first use); ``unit`` names what its items count."""
+        stage = self._stages.get(name)
+        if stage is None:
+            with self._lock:
+                stage = self._stages.get(name)
+                if stage is None:
+                    stage = self._stages[name] = Stage(name, self.trace, self.thread_names, unit or "samples")
+        if unit is not None:
+            stage.unit = unit
+        return stage
+
+    @property
+    def stages(self) -> dict[str, Stage]:
+        return dict(self._stages)
+
+    def snapshot(self) -> Snapshot:
+        """All counters now."""
+        return Snapshot(
+            time.perf_counter_ns(),
+            {name: stage.totals() for name, stage in list(self._stages.items())},
+            self.consumer.totals(),
+        )
+
+    def consumer_span(self, name: str, start_ns: int, end_ns: int, step: int | None = None) -> None:
+        """Put a span of the training loop's thread ("wait" or "compute") into the trace."""
+        self.trace.append((name, threading.get_ident(), start_ns, end_ns - start_ns, step, 0))
+
+    def name_thread(self) -> None:
+        """Remember the calling thread's name for the trace."""
+        self.thread_names[threading.get_ident()] = threading.current_thread().name
+
+    def trace_events(self) -> list[tuple[str, int, int, int, int | None, int]]:
+        """The spans in the ring: ``(name, thread id, start_ns, duration_ns, step, items)``."""
+        return list(self.trace)
+

@@ -1,0 +1,401 @@
+"""The stall report: is the training loop waiting for data, and which stage makes it wait?
+
+:class:`Report` is built from a window of the counters (``chute.observe.counters``)
+and says: the share of the loop's time spent waiting for data, each stage's
+throughput and utilisation, which stage held the loop back and why, the
+cache's hit rate and downloads, skipped samples, the autotuner's settings and
+recent decisions, and a what-if line when the numbers support one.
+``str(report)`` is for people, ``report.to_json()`` for logs.
+
+Attribution, in this order, once the loop waits at least ``DATA_BOUND`` of its time:
+
+1. **fetch** — readers blocked on shards not yet in the cache (``read.wait_in``)
+   for at least a quarter of the workers' busy time: downloads / cache misses.
+2. **device** — the device copy thread was busy at least ``SATURATED`` of its
+   time and busier than the worker pool: the host-to-device copy.
+3. **the worker pool** — its busiest part: ``read`` (the gather from the
+   shards), ``transform`` split into the per-sample transform (decode /
+   augment), ``collate`` and ``batch_transform``, or ``order``. The cause says
+   whether the threads were saturated, whether the CPU budget is used, whether
+   the work seems to hold the GIL (threads busy but the process using about one
+   core), or whether the workers sat idle (batches not started early enough).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from chute.observe.autotune import Decision
+from chute.observe.counters import ConsumerTotals, Snapshot
+
+#: The loop is called data-bound when it waits at least this share of its time.
+DATA_BOUND = 0.05
+#: A stage is saturated when its workers are busy at least this share of their time.
+SATURATED = 0.8
+#: Counters in the cache's stats() that are differenced over the report's window.
+_CACHE_COUNTS = ("bytes_downloaded", "shards_downloaded", "hits", "misses", "evictions", "retries")
+_POOL_STAGES = ("order", "read", "transform")
+_PART_NAMES = {"per_sample": "decode/transform (the per-sample transform)", "collate": "collate", "batch_transform": "batch_transform"}
+UNKNOWN_STAGE = "the data pipeline (unknown stage: not a chute Loader)"
+
+
+@dataclasses.dataclass(frozen=True)
+class StageReport:
+    """One stage over the report's window."""
+
+    name: str
+    unit: str  # what ``items`` counts: "samples" (shards for fetch)
+    workers: int  # threads, processes or downloads at once (now)
+    busy_s: float
+    items: int
+    bytes: int
+    throughput_per_s: float  # items per second of the loop's time
+    utilisation: float  # share of its workers' time spent busy, 0..1
+    wait_in_s: float  # waiting for its input
+    wait_out_s: float  # waiting for room downstream
+    parts: dict[str, float] = dataclasses.field(default_factory=dict)  # busy seconds of its parts
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "busy_s": round(self.busy_s, 6), "items": self.items, "bytes": self.bytes,
+            "throughput_per_s": round(self.throughput_per_s, 3), "utilisation": round(self.utilisation, 4),
+            "wait_in_s": round(self.wait_in_s, 6), "wait_out_s": round(self.wait_out_s, 6),
+            "workers": self.workers, "unit": self.unit,
+        }
+        if self.parts:
+            out["parts"] = {k: round(v, 6) for k, v in self.parts.items()}
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Why the training loop waits (or does not). ``str()`` to read, ``to_json()`` to log."""
+
+    source: str  # "chute.Loader" or "chute.observe"
+    window: str  # what the numbers cover: "last pass", "this pass so far", "loader life"
+    wait_fraction: float
+    batches: int
+    samples: int
+    elapsed_s: float  # the loop's time: waiting + computing
+    wait_s: float
+    compute_s: float
+    first_batch_s: float | None
+    bottleneck_stage: str | None
+    bottleneck_cause: str
+    stages: dict[str, StageReport]
+    cache: dict[str, Any] | None
+    skipped: int
+    settings: dict[str, Any]
+    decisions: list[Decision]
+    what_if: str | None
+    cpu_cores_used: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (``json.dumps(report.to_json())`` works)."""
+        return {
+            "source": self.source,
+            "window": self.window,
+            "wait_fraction": round(self.wait_fraction, 4),
+            "batches": self.batches,
+            "samples": self.samples,
+            "elapsed_s": round(self.elapsed_s, 6),
+            "wait_s": round(self.wait_s, 6),
+            "compute_s": round(self.compute_s, 6),
+            "first_batch_s": None if self.first_batch_s is None else round(self.first_batch_s, 6),
+            "samples_per_s": round(self.samples / self.elapsed_s, 3) if self.elapsed_s > 0 else 0.0,
+            "cpu_cores_used": None if self.cpu_cores_used is None else round(self.cpu_cores_used, 3),
+            "bottleneck": {"stage": self.bottleneck_stage, "cause": self.bottleneck_cause},
+            "stages": {name: stage.to_json() for name, stage in self.stages.items()},
+            "cache": _jsonable(self.cache),
+            "skipped": self.skipped,
+            "settings": dict(self.settings),
+            "decisions": [d.to_json() for d in self.decisions],
+            "what_if": self.what_if,
+        }
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.source} report ({self.window}): {self.batches:,} batches, {self.samples:,} samples "
+            f"in {self.elapsed_s:.2f} s ({self.samples / self.elapsed_s if self.elapsed_s > 0 else 0:,.0f} samples/s)",
+            f"  waiting for data: {self.wait_fraction:.0%} of the loop's time "
+            f"({self.wait_s:.2f} s waiting, {self.compute_s:.2f} s computing"
+            + (f"; first batch after {self.first_batch_s:.3f} s" if self.first_batch_s is not None else "") + ")",
+            f"  bottleneck: {self.bottleneck_stage + ': ' if self.bottleneck_stage else ''}{self.bottleneck_cause}",
+        ]
+        if self.what_if:
+            lines.append(f"  what if: {self.what_if}")
+        if self.stages:
+            lines.append(f"  {'stage':10s} {'workers':>7s} {'busy s':>8s} {'items':>10s} {'items/s':>11s} {'MB/s':>8s} {'util':>5s} {'wait in':>8s} {'wait out':>8s}")
+            for s in self.stages.values():
+                mbs = s.bytes / self.elapsed_s / 1e6 if self.elapsed_s > 0 else 0.0
+                lines.append(
+                    f"  {s.name:10s} {s.workers:7d} {s.busy_s:8.3f} {s.items:10,d} {s.throughput_per_s:11,.0f} "
+                    f"{mbs:8,.1f} {s.utilisation:5.0%} {s.wait_in_s:8.3f} {s.wait_out_s:8.3f}"
+                )
+                if s.parts and any(s.parts.values()):
+                    lines.append("  " + " " * 11 + ", ".join(f"{k} {v:.3f} s" for k, v in s.parts.items()))
+        if self.cpu_cores_used is not None:
+            lines.append(f"  CPU: {self.cpu_cores_used:.2f} cores used by this process")
+        if self.cache is not None:
+            c = self.cache
+            rate = c.get("hit_rate")
+            lines.append(
+                "  cache: " + (f"hit rate {rate:.0%}, " if isinstance(rate, (int, float)) else "")
+                + f"{c.get('hits', 0)} hits, {c.get('misses', 0)} misses, "
+                f"{c.get('bytes_downloaded', 0) / 1e6:,.1f} MB downloaded in {c.get('shards_downloaded', 0)} shard(s), "
+                f"{c.get('evictions', 0)} evictions, {c.get('bytes_cached', 0) / 1e6:,.1f} MB cached"
+            )
+        lines.append(f"  skipped samples: {self.skipped}")
+        s = self.settings
+        if s.get("num_threads") is not None:
+            tuned = s.get("tuned", ["threads", "prefetch"] if s.get("autotune") else [])
+            how = "set by hand" if not tuned else "autotuned" if len(tuned) == 2 else f"{tuned[0]} autotuned"
+            lines.append(f"  settings: {s.get('workers', 'threads')} {s['num_threads']}, prefetch {s.get('prefetch')} ({how})")
+        if self.decisions:
+            lines.append("  autotuner decisions (latest last):")
+            for d in self.decisions[-8:]:
+                lines.append(f"    {d.time_s:8.2f} s  {d.change}: {d.reason}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Report({json.dumps(self.to_json())})"
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def cache_window(now: dict[str, Any] | None, start: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The cache's stats over a window: counters differenced from ``start``, levels as they are now."""
+    if now is None:
+        return None
+    out = dict(now)
+    if start is not None:
+        for key in _CACHE_COUNTS:
+            if isinstance(now.get(key), (int, float)) and isinstance(start.get(key), (int, float)):
+                out[key] = now[key] - start[key]
+    hits, misses = out.get("hits"), out.get("misses")
+    if isinstance(hits, (int, float)) and isinstance(misses, (int, float)):
+        out["hit_rate"] = hits / (hits + misses) if hits + misses else None
+    return out
+
+
+# --------------------------------------------------------------------------- building a report
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the report needs besides the counters' window."""
+
+    source: str = "chute.Loader"
+    window: str = "last pass"
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    decisions: tuple[Decision, ...] = ()
+    cache: dict[str, Any] | None = None
+    skipped: int = 0
+    cpu_s: float | None = None  # process CPU time over the window
+    cpu_budget: int = 1  # CPUs this process may use
+    first_batch_s: float | None = None
+    workers_kind: str = "threads"  # "threads" or "processes"
+    threads_changed: tuple[int, int] | None = None  # the autotuner went from .. to .. threads in the window
+
+
+def build(window: Snapshot, context: Context) -> Report:
+    """The report for a window of a Loader's counters."""
+    consumer = window.consumer
+    elapsed = (consumer.wait_ns + consumer.compute_ns) / 1e9
+    stages = _stages(window, elapsed, context)
+    wait_fraction = _wait_fraction(consumer)
+    cores = context.cpu_s / elapsed if context.cpu_s is not None and elapsed > 0 else None
+    stage, cause, what_if = _attribute(window, stages, wait_fraction, cores, elapsed, context)
+    return Report(
+        source=context.source, window=context.window, wait_fraction=wait_fraction,
+        batches=consumer.batches, samples=consumer.samples, elapsed_s=elapsed,
+        wait_s=consumer.wait_ns / 1e9, compute_s=consumer.compute_ns / 1e9, first_batch_s=context.first_batch_s,
+        bottleneck_stage=stage, bottleneck_cause=cause, stages=stages, cache=context.cache, skipped=context.skipped,
+        settings=dict(context.settings), decisions=list(context.decisions), what_if=what_if, cpu_cores_used=cores,
+    )
+
+
+def build_consumer_only(consumer: ConsumerTotals, context: Context) -> Report:
+    """The report for an iterable chute cannot see into (``chute.observe``): the loop's side only."""
+    elapsed = (consumer.wait_ns + consumer.compute_ns) / 1e9
+    wait_fraction = _wait_fraction(consumer)
+    if consumer.batches == 0:
+        cause = "no batches yet"
+    elif wait_fraction < DATA_BOUND:
+        cause = _not_data_bound(wait_fraction)
+    else:
+        cause = UNKNOWN_STAGE
+    return Report(
+        source=context.source, window=context.window, wait_fraction=wait_fraction,
+        batches=consumer.batches, samples=consumer.samples, elapsed_s=elapsed,
+        wait_s=consumer.wait_ns / 1e9, compute_s=consumer.compute_ns / 1e9, first_batch_s=context.first_batch_s,
+        bottleneck_stage=None, bottleneck_cause=cause, stages={}, cache=None, skipped=0,
+        settings=dict(context.settings), decisions=[], what_if=None,
+        cpu_cores_used=context.cpu_s / elapsed if context.cpu_s is not None and elapsed > 0 else None,
+    )
+
+
+def _wait_fraction(consumer: ConsumerTotals) -> float:
+    loop = consumer.wait_ns + consumer.compute_ns
+    return consumer.wait_ns / loop if loop > 0 else 0.0
+
+
+def _not_data_bound(wait_fraction: float) -> str:
+    return (
+        f"none: the training loop waited for data only {wait_fraction:.0%} of its time, "
+        "so its own compute sets the pace"
+    )
+
+
+def _stages(window: Snapshot, elapsed: float, context: Context) -> dict[str, StageReport]:
+    workers = window.stages.get("workers")
+    pool_time = 0.0
+    if workers is not None and (workers.busy_ns or workers.wait_out_ns):
+        pool_time = (workers.busy_ns + workers.wait_out_ns) / 1e9  # thread time of the pool
+    out: dict[str, StageReport] = {}
+    for name in ("fetch", "order", "read", "transform", "device"):
+        t = window.stages.get(name)
+        if t is None:
+            continue
+        if name in ("fetch", "device") and not t.active:
+            continue  # not part of this loader
+        busy = t.busy_ns / 1e9
+        count = t.workers
+        if name in _POOL_STAGES:
+            if workers is not None and workers.active:
+                count = workers.workers  # the pool's threads now
+            time_available = pool_time or elapsed * max(1, count)
+            wait_out = (workers.wait_out_ns / 1e9 if workers is not None else 0.0) if name == "transform" else t.wait_out_s
+        elif name == "device":
+            time_available = busy + t.wait_in_s + t.wait_out_s or elapsed
+            wait_out = t.wait_out_s
+        else:
+            time_available = elapsed * max(1, t.workers)
+            wait_out = t.wait_out_s
+        out[name] = StageReport(
+            name=name, unit=t.unit, workers=count, busy_s=busy, items=t.items, bytes=t.nbytes,
+            throughput_per_s=t.items / elapsed if elapsed > 0 else 0.0,
+            utilisation=min(1.0, busy / time_available) if time_available > 0 else 0.0,
+            wait_in_s=t.wait_in_s, wait_out_s=wait_out,
+            parts={k: v / 1e9 for k, v in t.parts.items()},
+        )
+    return out
+
+
+def _attribute(
+    window: Snapshot, stages: dict[str, StageReport], wait_fraction: float, cores: float | None, elapsed: float, context: Context
+) -> tuple[str | None, str, str | None]:
+    """``(stage, cause, what_if)``."""
+    consumer = window.consumer
+    if consumer.batches == 0:
+        return None, "no batches yet", None
+    if wait_fraction < DATA_BOUND:
+        return None, _not_data_bound(wait_fraction), None
+    workers = window.stages.get("workers")
+    pool_busy = workers.busy_ns / 1e9 if workers is not None else 0.0
+    pool_idle = workers.wait_out_ns / 1e9 if workers is not None else 0.0
+    threads = max(1, stages["read"].workers if "read" in stages else 1)
+    pool_util = pool_busy / (pool_busy + pool_idle) if pool_busy + pool_idle > 0 else (
+        sum(s.busy_s for n, s in stages.items() if n in _POOL_STAGES) / (elapsed * threads) if elapsed > 0 else 0.0
+    )
+    wait = f"the loop waited {wait_fraction:.0%} of its time"
+
+    read = stages.get("read")
+    fetch_wait = read.wait_in_s if read is not None else 0.0
+    pool_work = pool_busy or sum(s.busy_s for n, s in stages.items() if n in _POOL_STAGES)
+    if fetch_wait > 0 and fetch_wait >= 0.25 * max(pool_work, 1e-9):
+        cache = context.cache or {}
+        misses = cache.get("misses")
+        detail = f" ({misses} cache misses)" if misses is not None else ""
+        fetch = stages.get("fetch")
+        speed = f"; downloads ran at {fetch.bytes / elapsed / 1e6:,.1f} MB/s" if fetch is not None and elapsed > 0 else ""
+        return "fetch", (
+            f"downloads / cache misses: {wait}, and the readers spent {fetch_wait:.2f} s waiting for shards "
+            f"not yet in the cache{detail}{speed}"
+        ), None
+
+    device = stages.get("device")
+    if device is not None and device.utilisation >= SATURATED and device.utilisation >= pool_util:
+        return "device", (
+            f"the host-to-device copy: {wait}; the copy thread was busy {device.utilisation:.0%} of its time "
+            f"({device.bytes / max(device.busy_s, 1e-9) / 1e6:,.0f} MB/s while copying)"
+        ), None
+
+    candidates = {n: stages[n].busy_s for n in _POOL_STAGES if n in stages}
+    if not candidates or max(candidates.values()) <= 0:
+        return None, f"{wait}, but no stage recorded work: {UNKNOWN_STAGE}", None
+    name = max(candidates, key=candidates.get)
+    per_batch_ms = 1e3 * candidates[name] / max(1, consumer.batches)
+    if name == "read":
+        what = f"gathering rows from the shards takes {per_batch_ms:.2f} ms per batch"
+    elif name == "order":
+        what = f"computing batch indices takes {per_batch_ms:.2f} ms per batch"
+    else:
+        parts = stages[name].parts
+        part = max(parts, key=parts.get) if parts and max(parts.values()) > 0 else "per_sample"
+        label = _PART_NAMES.get(part, part)
+        per_sample_us = 1e6 * parts.get(part, 0.0) / max(1, consumer.samples)
+        what = f"{label} takes {per_sample_us:,.0f} us per sample ({per_batch_ms:.2f} ms per batch in all)"
+    budget = context.cpu_budget
+    noun = "worker process" if context.workers_kind == "processes" else "worker thread"
+    kind = noun if threads == 1 else noun + ("es" if noun.endswith("s") else "s")
+    were = "was" if threads == 1 else "were"
+    if pool_util >= SATURATED:
+        how = f"{wait} while the {threads} {kind} {were} busy {pool_util:.0%} of the time"
+        # busy threads but about one core in use: Python code holding the GIL (far less than one core: waiting, e.g. IO)
+        gil = context.workers_kind == "threads" and threads >= 2 and cores is not None and 0.7 <= cores < 1.3
+        if gil:
+            how += (
+                f"; the process used only {cores:.1f} cores, so the work holds the GIL: "
+                "workers='processes' would run it in parallel"
+            )
+        elif threads >= budget:
+            how += f"; the CPU budget ({budget} cores) is used"
+        what_if = None if gil else _what_if(consumer, pool_busy or pool_work, threads, budget, context.workers_kind)
+        if context.threads_changed is not None:
+            a, b = context.threads_changed
+            how += f" (the autotuner went from {a} to {b} threads during this window)"
+            what_if = None  # the figures mix thread counts: no projection from them
+        return name, f"{what}; {how}", what_if
+    how = (
+        f"{wait} while the {kind} {were} idle {1 - pool_util:.0%} of the time: batches are not started early "
+        f"enough (prefetch {context.settings.get('prefetch')}) or a stage outside the pool is slow"
+    )
+    return name, f"{what}; {how}", None
+
+
+def _what_if(consumer: ConsumerTotals, pool_busy_s: float, threads: int, budget: int, kind: str) -> str | None:
+    """'k more threads would remove about X% of the wait', if the CPU budget has room and it is worth it.
+
+    Model: each worker delivers ``samples / pool_busy_s`` samples per second
+    of its time, independently (the stage scales with threads: not claimed when
+    the work seems to hold the GIL); the loop needs a sample every
+    ``compute_s / samples`` seconds.
+    """
+    samples = consumer.samples
+    wait = consumer.wait_ns / 1e9
+    if samples <= 0 or pool_busy_s <= 0 or wait <= 0 or threads >= budget:
+        return None
+    per_worker = samples / pool_busy_s
+    compute = consumer.compute_ns / 1e9 / samples
+    now = (consumer.wait_ns + consumer.compute_ns) / 1e9 / samples
+    best_k, best = 0, 0.0
+    for k in range(1, budget - threads + 1):
+        new = max(compute, 1.0 / ((threads + k) * per_worker))
+        removed = min(1.0, max(0.0, (now - new) / (wait / samples)))
+        if removed > best + 0.05:
+            best_k, best = k, removed
+    if best_k == 0 or best < 0.2:
+        return None
+    noun = "worker process" if kind == "processes" else "thread"
+    return f"{best_k} more {noun}{'s' if best_k > 1 else ''} would remove about {round(best * 20) * 5}% of the wait"

@@ -1,0 +1,247 @@
+"""The stall report: the wait share, which stage and why, the what-if line, JSON, and chute.observe()."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import chute
+from chute.observe.autotune import Decision
+from chute.observe.counters import ConsumerTotals, Snapshot, StageTotals
+from chute.observe.report import UNKNOWN_STAGE, Context, build, cache_window
+
+N = 400
+BATCH = 8
+KEYS = {
+    "wait_fraction", "batches", "samples", "elapsed_s", "bottleneck", "stages", "cache", "skipped",
+    "settings", "decisions", "what_if",
+}
+STAGE_KEYS = {"busy_s", "items", "bytes", "throughput_per_s", "utilisation", "wait_in_s", "wait_out_s", "workers"}
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    path = tmp_path_factory.mktemp("report") / "ds"
+    return chute.write(({"x": np.full(4, i, np.float32), "id": i} for i in range(N)), path, shard_size=8_000)
+
+
+@pytest.fixture(autouse=True)
+def no_threads_left():
+    yield
+    assert [t.name for t in threading.enumerate() if t.name.startswith(("chute-loader", "chute-device"))] == []
+
+
+def slow_sample(sample):
+    time.sleep(0.002)  # releases the GIL, like a decoder
+    return sample
+
+
+def slow_collate(samples):
+    time.sleep(0.01)
+    return torch.utils.data.default_collate(samples)
+
+
+def test_a_slow_transform_is_named_with_a_what_if(ds):
+    loader = chute.Loader(ds, BATCH, transform=slow_sample, num_threads=1, max_threads=4)
+    for _ in loader:
+        pass  # no compute: the loop waits for every batch
+    report = loader.report()
+    assert report.wait_fraction > 0.8
+    assert report.bottleneck_stage == "transform"
+    assert "per-sample transform" in report.bottleneck_cause
+    assert "the 1 worker thread was busy" in report.bottleneck_cause
+    # by hand: one thread feeds a loop with no compute, so k more remove k/(k+1) of the wait (3 -> 75%)
+    assert re.fullmatch(r"3 more threads would remove about (70|75|80)% of the wait", report.what_if)
+    data = report.to_json()
+    assert data["bottleneck"]["stage"] == "transform"
+    assert data["what_if"] == report.what_if
+    text = str(report)
+    assert "waiting for data:" in text and "bottleneck: transform:" in text and "what if: 3 more threads" in text
+
+
+def test_a_slow_collate_is_named(ds):
+    loader = chute.Loader(ds, BATCH, collate=slow_collate, num_threads=2, max_threads=2)
+    list(loader)
+    report = loader.report()
+    assert report.bottleneck_stage == "transform"
+    assert report.bottleneck_cause.startswith("collate takes")
+    assert "the CPU budget (2 cores) is used" in report.bottleneck_cause
+    assert report.what_if is None  # no CPU left to add threads with
+
+
+def test_a_loop_slower_than_its_data_is_not_data_bound(ds):
+    loader = chute.Loader(ds, BATCH, num_threads=1)
+    for _ in loader:
+        time.sleep(0.02)  # long enough that the first batch's start-up wait stays well under 5% of the pass
+    report = loader.report()
+    assert report.wait_fraction < 0.05
+    assert report.bottleneck_stage is None
+    assert "compute sets the pace" in report.bottleneck_cause
+    assert report.what_if is None
+    assert report.compute_s >= N // BATCH * 0.02
+
+
+def fail_on_multiples_of_7(sample):
+    if sample["id"] % 7 == 0:
+        raise ValueError("bad sample")
+    return sample
+
+
+def test_to_json_has_every_key_and_counts_skipped_samples(ds):
+    loader = chute.Loader(ds, BATCH, transform=fail_on_multiples_of_7, on_error="skip", num_threads=2, prefetch=4)
+    delivered = sum(len(b["id"]) for b in loader)
+    data = loader.report().to_json()
+    assert KEYS <= set(data)
+    json.dumps(data)  # serialisable as is
+    skipped = len(range(0, N, 7))
+    assert data["skipped"] == skipped and delivered == N - skipped
+    assert data["samples"] == N - skipped and data["batches"] == N // BATCH
+    assert data["cache"] is None  # a local dataset has no cache
+    assert data["settings"] == {
+        "num_threads": 2, "prefetch": 4, "autotune": False, "tuned": [], "workers": "threads",
+        "max_threads": loader.max_threads, "max_prefetch_bytes": loader.max_prefetch_bytes,
+    }
+    assert data["decisions"] == []
+    for stage in data["stages"].values():
+        assert STAGE_KEYS <= set(stage)
+    assert 0 <= data["wait_fraction"] <= 1
+
+
+# ---------------------------------------------------------------- attribution from synthetic counters
+
+
+def window(consumer_wait: float, consumer_compute: float, stages: dict[str, dict], batches: int = 100, samples: int = 800) -> Snapshot:
+    ns = 1_000_000_000
+    totals = {}
+    for name, spec in stages.items():
+        spec = dict(spec)
+        workers = spec.pop("workers", 1)
+        parts = {k: int(v * ns) for k, v in spec.pop("parts", {}).items()}
+        totals[name] = StageTotals(
+            name, "samples", workers, busy_ns=int(spec.get("busy", 0) * ns), items=spec.get("items", samples),
+            nbytes=spec.get("nbytes", 0), wait_in_ns=int(spec.get("wait_in", 0) * ns),
+            wait_out_ns=int(spec.get("wait_out", 0) * ns), parts=parts,
+        )
+    consumer = ConsumerTotals(int(consumer_wait * ns), int(consumer_compute * ns), batches, samples)
+    return Snapshot(int((consumer_wait + consumer_compute) * ns), totals, consumer)
+
+
+def test_downloads_are_blamed_when_readers_wait_for_shards():
+    snap = window(6.0, 4.0, {
+        "workers": {"busy": 9.0, "wait_out": 0.5, "workers": 1, "items": 100},
+        "read": {"busy": 2.0, "wait_in": 6.5, "nbytes": 10**9},
+        "order": {"busy": 0.1}, "transform": {"busy": 0.2},
+        "fetch": {"busy": 9.0, "nbytes": 5 * 10**8, "workers": 4, "items": 10},
+    })
+    cache = {"hits": 2, "misses": 10, "bytes_downloaded": 5 * 10**8, "shards_downloaded": 10, "evictions": 0, "bytes_cached": 10**9}
+    report = build(snap, Context(cache=cache_window(cache, None), cpu_budget=8))
+    assert report.bottleneck_stage == "fetch"
+    assert "10 cache misses" in report.bottleneck_cause and "6.50 s waiting for shards" in report.bottleneck_cause
+    assert report.cache["hit_rate"] == pytest.approx(2 / 12)
+    assert "hit rate 17%" in str(report)
+
+
+def test_device_copy_is_blamed_when_the_copier_is_saturated():
+    snap = window(5.0, 5.0, {
+        "workers": {"busy": 3.0, "wait_out": 7.0, "workers": 1, "items": 100},
+        "read": {"busy": 2.5}, "order": {"busy": 0.1}, "transform": {"busy": 0.3},
+        "device": {"busy": 9.5, "wait_in": 0.2, "wait_out": 0.3, "nbytes": 4 * 10**9},
+    })
+    report = build(snap, Context(cpu_budget=8))
+    assert report.bottleneck_stage == "device"
+    assert report.bottleneck_cause.startswith("the host-to-device copy")
+    assert report.stages["device"].utilisation == pytest.approx(0.95)
+
+
+def test_read_is_blamed_with_a_what_if_when_threads_are_saturated():
+    # 1 thread, 8 s of reading for 800 samples (100 samples/s per thread); the loop computes 2 s and waits 8 s
+    snap = window(8.0, 2.0, {
+        "workers": {"busy": 9.8, "wait_out": 0.2, "workers": 1, "items": 100},
+        "read": {"busy": 8.0}, "order": {"busy": 0.5}, "transform": {"busy": 0.1},
+    })
+    report = build(snap, Context(cpu_budget=4, cpu_s=9.0))
+    assert report.bottleneck_stage == "read"
+    assert report.bottleneck_cause.startswith("gathering rows from the shards takes 80.00 ms per batch")
+    # by hand: a thread delivers 800 / 9.8 = 81.6 samples/s; now a sample takes 12.5 ms of loop time, 10 of them
+    # waiting, 2.5 computing. With 1+k threads: max(2.5, 1000 / (81.6 (1+k))) ms -> k=1: 6.1 (64% less wait),
+    # k=2: 4.1 (84%), k=3 (the budget of 4): 3.06 (94%, said as "about 95%")
+    assert report.what_if == "3 more threads would remove about 95% of the wait"
+
+
+def test_gil_bound_threads_are_called_out_without_a_what_if():
+    snap = window(8.0, 2.0, {
+        "workers": {"busy": 19.0, "wait_out": 1.0, "workers": 2, "items": 100},
+        "read": {"busy": 1.0}, "order": {"busy": 0.1},
+        "transform": {"busy": 17.0, "workers": 2, "parts": {"per_sample": 16.0, "collate": 1.0}},
+    })
+    report = build(snap, Context(cpu_budget=8, cpu_s=10.0))  # 1.0 core for 2 busy threads
+    assert report.bottleneck_stage == "transform"
+    assert "holds the GIL" in report.bottleneck_cause and "workers='processes'" in report.bottleneck_cause
+    assert report.what_if is None
+
+
+def test_decisions_and_settings_appear_in_text_and_json():
+    snap = window(0.1, 9.9, {"workers": {"busy": 1.0, "wait_out": 9.0, "workers": 3, "items": 100}, "read": {"busy": 1.0}})
+    decisions = (Decision(1.5, "threads 2 -> 3", "the loop waited 40% of its time"),)
+    settings = {"num_threads": 3, "prefetch": 6, "autotune": True}
+    report = build(snap, Context(settings=settings, decisions=decisions))
+    data = report.to_json()
+    assert data["decisions"] == [{"time_s": 1.5, "change": "threads 2 -> 3", "reason": "the loop waited 40% of its time"}]
+    assert data["settings"]["autotune"] is True
+    assert data["bottleneck"]["stage"] is None
+    text = str(report)
+    assert "threads 3, prefetch 6 (autotuned)" in text and "threads 2 -> 3: the loop waited 40%" in text
+
+
+def test_cache_window_differences_counters_and_keeps_levels():
+    start = {"hits": 5, "misses": 5, "bytes_downloaded": 100, "shards_downloaded": 1, "evictions": 0, "bytes_cached": 100}
+    now = {"hits": 14, "misses": 6, "bytes_downloaded": 300, "shards_downloaded": 2, "evictions": 1, "bytes_cached": 250}
+    out = cache_window(now, start)
+    assert out == {"hits": 9, "misses": 1, "bytes_downloaded": 200, "shards_downloaded": 1, "evictions": 1,
+                   "bytes_cached": 250, "hit_rate": 0.9}
+    assert cache_window(None, start) is None
+
+
+# ---------------------------------------------------------------- chute.observe around other iterables
+
+
+def slow_source(n: int, delay: float):
+    for i in range(n):
+        time.sleep(delay)
+        yield {"x": torch.zeros(4, 3), "i": i}
+
+
+def test_observe_measures_a_data_bound_generator():
+    observed = chute.observe(slow_source(20, 0.01))
+    items = [b["i"] for b in observed]
+    assert items == list(range(20))
+    report = observed.report()
+    assert (report.batches, report.samples) == (20, 80)
+    assert report.wait_fraction > 0.9 and report.wait_s >= 0.2
+    assert report.stages == {}
+    assert report.bottleneck_stage is None and report.bottleneck_cause == UNKNOWN_STAGE
+    data = report.to_json()
+    assert KEYS <= set(data) and data["stages"] == {} and data["cache"] is None and data["decisions"] == []
+    assert data["bottleneck"] == {"stage": None, "cause": UNKNOWN_STAGE}
+
+
+def test_observe_around_a_torch_dataloader_with_compute():
+    dataset = torch.utils.data.TensorDataset(torch.arange(96.0).reshape(48, 2), torch.arange(48))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=16)
+    observed = chute.observe(loader)
+    assert len(observed) == 3 and observed.dataset is dataset
+    for _ in range(2):
+        for x, y in observed:
+            time.sleep(0.02)  # the "training step"
+    report = observed.report()
+    assert (report.batches, report.samples) == (3, 48)  # the last pass
+    assert report.wait_fraction < 0.05
+    assert "compute sets the pace" in report.bottleneck_cause
+    assert report.compute_s >= 0.06
+    assert observed.report(whole=True).batches == 6
