@@ -271,7 +271,7 @@ class Remote:
     def _range(self, path: str, url: str, start: int, length: int) -> bytes:
         def get() -> bytes:
             with inflight.track("GET", url, start, length):
-                data = self.fs.cat_file(path, start, start + length)
+                data = self.fs.cat_file(path, start=start, end=start + length)  # keywords: s3fs takes version_id second
             if len(data) != length:
                 raise ShortRead(f"got {len(data)} of {length} bytes")
             return data
