@@ -182,19 +182,23 @@ class Fetcher:
 
     def received(self, step: int) -> None:
         """The consumer has received batch ``step``: release the shards no later step reads."""
-        release = []
+        planned, extra = [], []
         with self._cond:
             self._frontier = max(self._frontier, step + 1)
             while self._held and self._held[0][0] < self._frontier and self._ready.get(self._held[0][1]):
                 _, shard = heapq.heappop(self._held)
                 self._ready[shard] -= 1
-                self._held_bytes -= self.sizes[shard]
-                release.append(shard)
+                planned.append(shard)
             for s in [s for s in self._extra if s < self._frontier]:
-                release.extend(self._extra.pop(s))
-            self._cond.notify_all()
-        for shard in release:
+                extra.extend(self._extra.pop(s))
+        for shard in planned + extra:
             self.cache.release(shard)
+        if planned:
+            # Only now is the room free in the cache: counted back any earlier, a download
+            # could start and find the cache still full of this process's own holds.
+            with self._cond:
+                self._held_bytes -= sum(self.sizes[shard] for shard in planned)
+                self._cond.notify_all()
 
     def next_use(self, shard: int) -> float:
         """The first step at or after the consumer's position that reads ``shard`` (inf: none)."""

@@ -30,6 +30,15 @@ from tests.storage._helpers import (
 )
 
 
+@pytest.fixture(autouse=True)
+def default_cache(tmp_path, monkeypatch) -> str:
+    """The default cache directory, inside the test's tmp dir: ``chute.write`` to a URL opens the
+    result with it, and nothing may land in the user's ~/.cache/chute."""
+    path = str(tmp_path / "default-cache")
+    monkeypatch.setenv("CHUTE_CACHE_DIR", path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[str, list[dict]]:
     """A local dataset and its first two shuffled epochs (the expected values)."""
@@ -65,12 +74,11 @@ def test_s3_epochs_equal_local_epochs(moto_s3, s3_bucket, reference, tmp_path):
     assert chute_threads() == []
 
 
-def test_cli_convert_to_s3_then_read_back(moto_s3, s3_bucket, tmp_path, monkeypatch):
+def test_cli_convert_to_s3_then_read_back(moto_s3, s3_bucket, tmp_path):
     import numpy as np
 
     from chute.cli import main
 
-    monkeypatch.setenv("CHUTE_CACHE_DIR", str(tmp_path / "default-cache"))  # never the user's ~/.cache
     data = np.arange(500 * 8, dtype=np.float32).reshape(500, 8)
     np.save(tmp_path / "a.npy", data)
     url = s3_bucket + "/converted"
