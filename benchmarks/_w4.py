@@ -220,9 +220,15 @@ def measure(config: str, data_dir: str, epochs: int) -> dict:
 
 
 def print_table(results: dict[str, dict], repeats: int) -> None:
-    """The W4 table: samples/s, ratios to the two-core limit and to the DataLoader."""
-    limit = results["limit-2proc"]["samples_per_s"]
-    torch2 = results["torch-2"]["samples_per_s"]
+    """The W4 table: images/s (best and median of the runs), ratios to the two-core limit and to the DataLoader.
+
+    Ratios use the best run of each configuration: on a shared 2-core VM,
+    another process only ever slows a run down, and a run on two cores is hit
+    harder than a run on one, so the best of a few interleaved runs is the
+    closest to what the machine can do.
+    """
+    best = {config: max(r["runs"]) for config, r in results.items()}
+    limit, torch2 = best["limit-2proc"], best["torch-2"]
     names = {
         "limit-1": "decode loop, 1 core",
         "limit-2proc": "decode loop, 2 processes (the limit)",
@@ -231,11 +237,12 @@ def print_table(results: dict[str, dict], repeats: int) -> None:
         "chute-auto": "chute Loader, autotuned",
         "chute-proc2": "chute Loader, 2 processes",
     }
-    print(f"\nW4 (20,000 JPEGs 256x256 -> random crop 224, batch {BATCH}; median of {repeats}; steady state after the first batch)")
-    print(f"  {'config':38s} {'images/s':>9s} {'/limit':>7s} {'/torch':>7s} {'1st batch':>10s} {'CPU s/1k':>9s}  settings")
+    print(f"\nW4 (20,000 JPEGs 256x256 -> random crop 224, batch {BATCH}; best and median of {repeats} interleaved runs; "
+          "steady state after the first batch)")
+    print(f"  {'config':38s} {'best/s':>8s} {'median/s':>9s} {'/limit':>7s} {'/torch':>7s} {'1st batch':>10s} {'CPU s/1k':>9s}  settings")
     for config, r in results.items():
         settings = f"threads {r['threads']:.0f}, prefetch {r['prefetch']:.0f}" if "threads" in r else ""
         print(
-            f"  {names.get(config, config):38s} {r['samples_per_s']:9,.0f} {r['samples_per_s'] / limit:7.2f} "
-            f"{r['samples_per_s'] / torch2:7.2f} {r['first_batch_s']:9.3f}s {r['cpu_s_per_1000']:9.3f}  {settings}"
+            f"  {names.get(config, config):38s} {best[config]:8,.0f} {r['samples_per_s']:9,.0f} {best[config] / limit:7.2f} "
+            f"{best[config] / torch2:7.2f} {r['first_batch_s']:9.3f}s {r['cpu_s_per_1000']:9.3f}  {settings}"
         )

@@ -139,28 +139,25 @@ def measure_tune(config: str, data_dir: str, epochs: int) -> dict:
         for b in loader:
             samples += len(b["label"])
     elapsed = time.perf_counter() - start
-    report = loader.report(since="start")
+    settings = loader.report().settings
     return {
-        "samples_per_s": samples / elapsed,
-        "threads": report.settings["num_threads"],
-        "prefetch": report.settings["prefetch"],
-        "decisions": len(report.decisions),
+        "samples_per_s": samples / elapsed, "threads": settings["num_threads"], "prefetch": settings["prefetch"],
         "rss_per_epoch_mb": [],
     }
 
 
 def print_tune(results: dict, repeats: int) -> None:
     """The autotuner's throughput against the best hand-picked thread count (goal: >= 0.9x)."""
-    best = max((k for k in results if k != "chute-auto"), key=lambda k: results[k]["samples_per_s"])
-    print(f"\nW2 autotuner vs hand-picked num_threads (batch {BATCH['w2tune']}, median of {repeats})")
-    print(f"  {'config':12s} {'samples/s':>11s} {'/best hand-picked':>18s} {'threads':>8s} {'prefetch':>9s}")
-    for config, r in results.items():
+    rate = {c: r["samples_per_s"] for c, r in results.items()}
+    best = max((c for c in rate if c != "chute-auto"), key=rate.get)
+    print(f"\nW2 autotuner vs hand-picked num_threads (batch {BATCH['w2tune']}, median of {repeats}, round-robin)")
+    print(f"  {'config':12s} {'samples/s':>11s} {'/best hand-picked':>18s} {'threads':>8s} {'prefetch':>9s}  runs")
+    for c, r in results.items():
         print(
-            f"  {config:12s} {r['samples_per_s']:11,.0f} {r['samples_per_s'] / results[best]['samples_per_s']:18.2f} "
-            f"{r['threads']:8.0f} {r['prefetch']:9.0f}"
+            f"  {c:12s} {rate[c]:11,.0f} {rate[c] / rate[best]:18.2f} {r['threads']:8.1f} {r['prefetch']:9.1f}  "
+            f"{', '.join(f'{x:,.0f}' for x in r.get('runs', []))}"
         )
-    ratio = results["chute-auto"]["samples_per_s"] / results[best]["samples_per_s"]
-    print(f"  autotuner / best hand-picked ({best}): {ratio:.2f} (goal >= 0.9)")
+    print(f"  autotuner / best hand-picked ({best}): {rate['chute-auto'] / rate[best]:.2f} (goal >= 0.9)")
 
 
 def _rss_mb(children: bool = False) -> float:
@@ -186,17 +183,19 @@ def main() -> None:
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPUs, median of {args.repeats} runs of {args.epochs} epoch(s)")
     for workload in args.only or ["w2", "w2tune", "w3", "w1", "w4"]:
-        results = {}
-        for config in CONFIGS[workload]:
-            runs = []
-            for _ in range(args.repeats):
+        runs: dict[str, list[dict]] = {config: [] for config in CONFIGS[workload]}
+        for _ in range(args.repeats):  # round-robin: load that drifts during the run hits every config alike
+            for config in CONFIGS[workload]:
                 out = subprocess.run(
                     [sys.executable, __file__, "--data-dir", args.data_dir, "--epochs", str(args.epochs), "--one", workload, config],
                     capture_output=True, text=True, check=True,
                 )
-                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            results[config] = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "rss_per_epoch_mb"}
-            results[config]["rss_per_epoch_mb"] = runs[-1]["rss_per_epoch_mb"]
+                runs[config].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        results = {}
+        for config, done in runs.items():
+            results[config] = {k: statistics.median(r[k] for r in done) for k in done[0] if k != "rss_per_epoch_mb"}
+            results[config]["rss_per_epoch_mb"] = done[-1]["rss_per_epoch_mb"]
+            results[config]["runs"] = [r["samples_per_s"] for r in done]
         if workload == "w4":
             from _w4 import print_table
 

@@ -100,6 +100,7 @@ def _bench(args: argparse.Namespace) -> int:
     result = bench.run(
         args.dataset, batch_size=args.batch_size, num_threads=args.threads, workers=args.workers, prefetch=args.prefetch,
         epochs=args.epochs, seconds=args.seconds, shuffle=not args.no_shuffle, cache_dir=args.cache_dir,
+        loader_kwargs=_transform_kwargs(args),
     )
     if args.plot:
         bench.plot(result, args.plot)
@@ -117,10 +118,12 @@ def _bench(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from chute.observe import bench
 
+    kwargs = _transform_kwargs(args)
+    if args.max_threads:
+        kwargs["max_threads"] = args.max_threads
     result = bench.run(
         args.dataset, batch_size=args.batch_size, num_threads=None, epochs=None, seconds=args.seconds,
-        step_ms=args.step_ms, shuffle=True, cache_dir=args.cache_dir,
-        loader_kwargs={"max_threads": args.max_threads} if args.max_threads else None,
+        step_ms=args.step_ms, shuffle=True, cache_dir=args.cache_dir, loader_kwargs=kwargs,
     )
     if args.json:
         print(bench.dumps(result))
@@ -146,6 +149,35 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"chute doctor{' ' + str(dataset.root) if dataset is not None else ''}")
         print(doctor.format_checks(checks))
     return doctor.exit_code(checks)
+
+
+def _transform_kwargs(args: argparse.Namespace) -> dict:
+    """``{"transform": fn}`` for ``--transform module:function``, else ``{}``."""
+    return {"transform": _function(args.transform)} if args.transform else {}
+
+
+def _function(spec: str):
+    """The function named ``module:qualname`` (the current directory is importable, as with ``python -m``)."""
+    import importlib
+    import os
+
+    module_name, _, qualname = spec.partition(":")
+    if not module_name or not qualname:
+        raise ChuteError(f"--transform wants module:function (e.g. mypkg.transforms:decode), got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ChuteError(f"--transform {spec}: cannot import {module_name} ({exc}); run from the directory that holds it") from None
+    for part in qualname.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ChuteError(f"--transform {spec}: {module_name} has no {qualname}") from None
+    if not callable(target):
+        raise ChuteError(f"--transform {spec}: {qualname} is not callable")
+    return target
 
 
 def _require_matplotlib() -> None:
@@ -199,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=1, help="passes over the dataset (default 1; --seconds may end the run sooner)")
     p.add_argument("--seconds", type=_positive, default=None, help="stop after this many seconds")
     p.add_argument("--no-shuffle", action="store_true", help="read in storage order")
+    p.add_argument("--transform", metavar="MODULE:FUNCTION", default=None, help="per-sample transform to run, e.g. mypkg.transforms:decode")
     p.add_argument("--cache-dir", default=None, help="node cache for a remote dataset (default $CHUTE_CACHE_DIR or ~/.cache/chute)")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="write throughput over time and stage utilisation (needs chute[plot])")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -210,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=256, help="samples per batch (default 256)")
     p.add_argument("--seconds", type=_positive, default=20.0, help="how long to run (default 20)")
     p.add_argument("--max-threads", type=int, default=None, help="the autotuner's CPU budget (default: the usable CPUs)")
+    p.add_argument("--transform", metavar="MODULE:FUNCTION", default=None, help="per-sample transform to run, e.g. mypkg.transforms:decode")
     p.add_argument("--cache-dir", default=None, help="node cache for a remote dataset")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=_tune)

@@ -137,8 +137,25 @@ def test_doctor_under_a_tiny_open_file_limit_warns_then_fails(dataset, tmp_path)
     args = [CHUTE, "doctor", dataset.root, "--cache-dir", str(tmp_path)]
     soft = subprocess.run(args, capture_output=True, text=True, timeout=120, preexec_fn=limit(200, 4096))
     assert soft.returncode == 0, soft.stderr
-    assert f"WARN  open files" in soft.stdout and "limit 200 (hard 4,096)" in soft.stdout
-    assert f"about {need} needed" in soft.stdout and f"`ulimit -n 4096`" in soft.stdout
+    assert "WARN  open files" in soft.stdout and "limit 200 (hard 4,096)" in soft.stdout
+    assert f"about {need} needed" in soft.stdout and "`ulimit -n 4096`" in soft.stdout
     hard = subprocess.run(args, capture_output=True, text=True, timeout=120, preexec_fn=limit(200, 200))
     assert hard.returncode == 1
     assert "FAIL  open files" in hard.stdout and f"--ulimit nofile={need}:{need}" in hard.stdout
+
+
+def as_float(sample):
+    """A per-sample transform for --transform (module-level, importable as tests.test_cli_observe:as_float)."""
+    return {"image": sample["image"].float(), "label": sample["label"]}
+
+
+def test_bench_runs_a_transform_named_module_colon_function(dataset, capsys):
+    code, out, err = _run(capsys, "bench", dataset.root, "--batch-size", "50", "--transform", "tests.test_cli_observe:as_float", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["transform"] == "tests.test_cli_observe:as_float"
+    assert result["bytes"] == ROWS * (3 * 8 * 8 * 4 + 8)  # float32 images came out
+    code, out, err = _run(capsys, "bench", dataset.root, "--transform", "tests.test_cli_observe:nothing_here")
+    assert code == 1 and "--transform tests.test_cli_observe:nothing_here: tests.test_cli_observe has no nothing_here" in err
+    code, out, err = _run(capsys, "tune", dataset.root, "--transform", "as_float", "--seconds", "0.1")
+    assert code == 1 and "--transform wants module:function" in err

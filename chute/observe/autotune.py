@@ -15,10 +15,15 @@ The rules (thresholds are the constants below):
   one thread (and keep the depth at 2 per thread), unless the CPU budget
   (``max_threads``, default the CPUs this process may run on) or the memory
   budget (at most ``max_bytes // batch bytes`` batches in flight, and a thread
-  needs a batch in flight to work on) is reached. The next window judges the
-  new thread: if the loop still waits and samples/s did not rise by ``GAIN``,
-  the thread is removed again and the count it reached becomes a ceiling for
-  the rest of the loader's life (e.g. work that holds the GIL).
+  needs a batch in flight to work on) is reached. A thread is only added after
+  ``SETTLE`` windows at the current settings (the first window of a pass, its
+  start-up, does not give a rate), and the best of them is the rate it is
+  judged against; it is judged on the best of the ``SETTLE`` windows after it
+  (the first of which the change itself disturbs): if the loop still waits and
+  samples/s did not rise by ``GAIN``, the thread is removed again and the count
+  it reached becomes a ceiling for the rest of the loader's life (e.g. work
+  that holds the GIL). Best-of-two makes one disturbed window (another process
+  taking the CPU for a moment) neither start nor end a trial.
 * Data-bound while the workers were idle (they had no batch to build because
   the depth was full of batches the loop had not reached): deepen the prefetch
   by half, within the memory budget. The depth reached becomes a floor.
@@ -49,6 +54,9 @@ BUSY = 0.80
 GAIN = 1.05
 #: Calm windows (no waiting, >= 3 batches always ready) before the depth shrinks by one.
 CALM = 2
+#: Windows at the same settings (the first one of a pass not counted) before a thread is added:
+#: the rate a new thread is judged against is the best of these, not a window disturbed by a change.
+SETTLE = 2
 #: Default memory budget: bytes of finished or building batches in flight.
 DEFAULT_MAX_BYTES = 512 << 20
 
@@ -123,6 +131,8 @@ class Policy:
         self.floor = 1  # the depth the policy deepened to because the loop waited
         self.batch_bytes = 0.0  # the largest mean batch size seen
         self._trial: tuple[float, int, int] | None = None  # (samples/s, threads, depth) before a thread was added
+        self._steady: list[float] = []  # samples/s of the windows since the last change (or pass start)
+        self._first_of_pass = False
         self._calm = 0
         self._said: set[str] = set()  # one-time notes already made
 
@@ -131,6 +141,11 @@ class Policy:
         if self.batch_bytes <= 0:
             return 1 << 30
         return max(1, int(self.max_bytes // self.batch_bytes))
+
+    def new_pass(self) -> None:
+        """A pass starts (new worker threads): its first window's rate is not used as a baseline."""
+        self._steady = []
+        self._first_of_pass = True
 
     def step(self, window: Window) -> list[tuple[str, str]]:
         """Take one window into account; return the changes made, as ``(change, reason)``."""
@@ -145,14 +160,21 @@ class Policy:
         if self.tune_threads and self.threads > self._thread_limit():
             # the memory budget allows fewer batches in flight than threads: the extra ones would idle
             changes.append(self._set_threads(self._thread_limit(), f"only {limit} batch(es) fit in the memory budget"))
+        if not changes:  # the first window of a pass counts as a window, but its rate is start-up's: NaN
+            self._steady.append(float("nan") if self._first_of_pass else window.rate)
+        self._first_of_pass = False
+        settled = len(self._steady) >= SETTLE
+        best = max((r for r in self._steady[-SETTLE:] if r == r), default=None)  # r == r: not the NaN placeholder
         if self._trial is not None:
+            if not settled:
+                return changes  # judge the new thread on SETTLE windows, not on the one disturbed by the change
             rate, threads, depth = self._trial
             self._trial = None
-            if window.wait_fraction >= WAIT and window.rate < rate * GAIN and self.threads > threads:
+            if window.wait_fraction >= WAIT and (best is None or best < rate * GAIN) and self.threads > threads:
                 self.ceiling = threads
                 changes.append(self._set_threads(
                     threads,
-                    f"thread {threads + 1} did not help: {rate:,.0f} -> {window.rate:,.0f} samples/s; "
+                    f"thread {threads + 1} did not help: {rate:,.0f} -> {best or 0:,.0f} samples/s; "
                     f"staying at {threads} (the work may hold the GIL)",
                 ))
                 if self.tune_depth and self.depth != depth:
@@ -163,7 +185,9 @@ class Policy:
             self._calm = 0
             if busy >= BUSY and self.tune_threads:
                 if self.threads < min(self.ceiling, self._thread_limit()):
-                    self._trial = (window.rate, self.threads, self.depth)
+                    if not settled or best is None:
+                        return changes  # one more window at these settings first
+                    self._trial = (best, self.threads, self.depth)
                     changes.append(self._set_threads(
                         self.threads + 1,
                         f"the loop waited {wait:.0%} of its time and the {self.threads} worker thread(s) were {busy:.0%} busy",
@@ -202,11 +226,13 @@ class Policy:
     def _set_threads(self, threads: int, reason: str) -> tuple[str, str]:
         change = f"threads {self.threads} -> {threads}"
         self.threads = threads
+        self._steady = []
         return change, reason
 
     def _set_depth(self, depth: int, reason: str) -> tuple[str, str]:
         change = f"prefetch {self.depth} -> {depth}"
         self.depth = depth
+        self._steady = []
         return change, reason
 
     def _note_cap(self, wait: float, busy: float, limit: int) -> list[tuple[str, str]]:
@@ -236,7 +262,7 @@ class Autotuner:
     """
 
     def __init__(
-        self, policy: Policy, counters: Counters, *, window_s: float = 0.1, window_batches: int = 10, history: int = 100
+        self, policy: Policy, counters: Counters, *, window_s: float = 0.03, window_batches: int = 8, history: int = 100
     ) -> None:
         self.policy = policy
         self.counters = counters
@@ -253,6 +279,7 @@ class Autotuner:
         self._pool = pool
         self._last = None
         self.next_ns = 0
+        self.policy.new_pass()
 
     def end_pass(self) -> None:
         self._pool = None

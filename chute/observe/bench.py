@@ -46,6 +46,7 @@ class BenchResult:
     timeline: list[tuple[float, float]]  # (seconds since the first iter(), samples/s over the bin)
     report: dict[str, Any]  # loader.report(since="start").to_json()
     report_text: str
+    transform: str = ""  # the per-sample transform's name, if any
 
     @property
     def samples_per_s(self) -> float:
@@ -70,7 +71,8 @@ class BenchResult:
         how = f"autotuned: {', '.join(tuned)}" if settings.get("autotune") and tuned else "set by hand"
         lines = [
             f"dataset      {self.dataset}: {self.rows:,} rows in {self.shards} shard(s), {format_size(self.nbytes)}",
-            f"loader       batch {self.batch_size}, workers={self.workers!r}, {threads} worker(s), prefetch {settings.get('prefetch')} ({how})",
+            f"loader       batch {self.batch_size}, workers={self.workers!r}, {threads} worker(s), prefetch {settings.get('prefetch')} ({how})"
+            + (f", transform {self.transform}" if self.transform else ""),
             f"throughput   {self.samples_per_s:,.0f} samples/s, {self.mb_per_s:,.1f} MB/s "
             f"({self.samples:,} samples in {self.batches:,} batches, {self.elapsed_s:.2f} s, {self.epochs} pass(es))",
             f"first batch  {self.first_batch_s:.3f} s after the Loader was made",
@@ -158,8 +160,14 @@ def run(
         dataset=str(ds.root), rows=len(ds), shards=len(ds.shards), nbytes=int(ds.nbytes), batch_size=batch_size,
         workers=workers, step_ms=step_ms, epochs=passes, batches=batches, samples=samples, bytes=nbytes,
         elapsed_s=elapsed, first_batch_s=first_batch or 0.0, timeline=timeline(stamps, elapsed),
-        report=report_json, report_text=report_text,
+        report=report_json, report_text=report_text, transform=_name((loader_kwargs or {}).get("transform")),
     )
+
+
+def _name(fn: Any) -> str:
+    if fn is None:
+        return ""
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def _rows(batch: Any) -> int:

@@ -300,10 +300,6 @@ class Counters:
             self.consumer.totals(),
         )
 
-    def consumer_span(self, name: str, start_ns: int, end_ns: int, step: int | None = None) -> None:
-        """Put a span of the training loop's thread ("wait" or "compute") into the trace."""
-        self.trace.append((name, threading.get_ident(), start_ns, end_ns - start_ns, step, 0))
-
     def name_thread(self) -> None:
         """Remember the calling thread's name for the trace."""
         self.thread_names[threading.get_ident()] = threading.current_thread().name

@@ -15,6 +15,7 @@ it runs); ``report(since="start")`` covers the loader's whole life.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -170,6 +171,8 @@ class LoaderMeter:
         rows = self.rows
         clock = time.perf_counter_ns
         counters.name_thread()
+        trace = counters.trace.append
+        tid = threading.get_ident()
         called = clock()
         try:
             while True:
@@ -188,12 +191,12 @@ class LoaderMeter:
                         self._first_batch_ns = got - self._pass_began
                         if consumer.first_wait_ns is None:
                             consumer.first_wait_ns = self._first_batch_ns
-                counters.consumer_span("wait", called, got, step)
+                trace(("wait", tid, called, got - called, step, 0))
                 yield item
                 del item
                 called = clock()
                 consumer.compute_ns += called - got
-                counters.consumer_span("compute", got, called, step)
+                trace(("compute", tid, got, called - got, step, 0))
                 if tuner is not None and called >= tuner.next_ns:
                     tuner.tick(called, total - step - 1)
         finally:

@@ -147,7 +147,8 @@ class Report:
                 f"{c.get('bytes_downloaded', 0) / 1e6:,.1f} MB downloaded in {c.get('shards_downloaded', 0)} shard(s), "
                 f"{c.get('evictions', 0)} evictions, {c.get('bytes_cached', 0) / 1e6:,.1f} MB cached"
             )
-        lines.append(f"  skipped samples: {self.skipped}")
+        if self.source != "chute.observe":
+            lines.append(f"  skipped samples: {self.skipped}")
         s = self.settings
         if s.get("num_threads") is not None:
             tuned = s.get("tuned", ["threads", "prefetch"] if s.get("autotune") else [])

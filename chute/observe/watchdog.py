@@ -306,10 +306,6 @@ class Watchdog:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     # watchdog side
 
     def _run(self) -> None:
@@ -398,7 +394,9 @@ class LoaderProbe:
         total = self.order.num_batches(loader.world_size, state.start)
         waiting_for = f"batch {step} of {total} (epoch {state.epoch}, rank {loader.rank} of {loader.world_size})"
         unit = "thread(s)" if loader.workers == "threads" else "worker process(es)"
-        settings = f"workers={loader.workers!r}, {loader.num_threads} {unit}, prefetch {loader.prefetch}"
+        pool = getattr(state, "pool", None)  # threads: the autotuner may have resized it
+        threads = getattr(pool, "threads", loader.num_threads)
+        settings = f"workers={loader.workers!r}, {threads} {unit}, prefetch {getattr(pool, 'depth', loader.prefetch)}"
         if loader.device is not None:
             settings += f", device={str(loader.device)!r}"
         details = Details(waiting_for, settings)

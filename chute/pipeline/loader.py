@@ -77,7 +77,8 @@ class Loader:
         transform: called on each sample (a dict, as ``dataset[i]``) in a
             worker thread; its results are collated with ``collate``.
         batch_transform: called once on each whole batch, last.
-        collate: list of samples -> batch (default ``default_collate``).
+        collate: list of samples -> batch (default: what ``default_collate`` gives, built
+            sample by sample into reused buffers; see ``chute.pipeline.batch.StreamCollate``).
         num_threads: worker threads; ``None`` (default): autotuned, starting with one
             and adding threads while the loop waits for data (docs/observe.md).
             With ``workers="processes"``: worker processes (default: the CPU
@@ -520,10 +521,10 @@ class _Task:
                 fetch_wait = clock() - waiting  # counted as the read stage waiting on its input
             out = {name: self.buffers.take((len(indices), *shape), dtype) for name, shape, dtype in self.fixed}
             if counters is None:
-                return load_batch(self.dataset, indices, self.fns, out=out, timed=False)
+                return load_batch(self.dataset, indices, self.fns, out=out, timed=False, buffers=self.buffers)
             read = counters.stage("read").cell()
             waited = read.wait_in_ns  # the storage layer may count waits inside get_batch here
-            loaded = load_batch(self.dataset, indices, self.fns, out=out)
+            loaded = load_batch(self.dataset, indices, self.fns, out=out, buffers=self.buffers)
             record_batch(counters, step, len(indices), loaded, (began, ordered), fetch_wait, read.wait_in_ns - waited)
             return loaded
         finally:

@@ -92,7 +92,8 @@ from chute.errors import ChuteError
 from chute.format.reader import Dataset
 from chute.format.schema import FIXED_SIZE
 from chute.order import Order
-from chute.pipeline.batch import BatchFns, Loaded, load_batch
+from chute.pipeline.batch import BatchFns, Loaded, copy_into, load_batch
+from chute.pipeline.buffers import BufferPool
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _ALIGN = 64  # every tensor starts on a 64-byte boundary of its slot
@@ -281,13 +282,27 @@ def _encode(value: Any, segment: _Segment | None) -> tuple[bytes, list | None, b
     return buffer.getvalue(), layout, None, end
 
 
-def _decode(payload: bytes, layout: list | None, inline: bytes | None, segment: _Segment | None) -> Any:
-    """The value :func:`_encode` encoded, its tensors copied out of the segment."""
+def _decode(
+    payload: bytes, layout: list | None, inline: bytes | None, segment: _Segment | None, buffers: BufferPool | None = None
+) -> Any:
+    """The value :func:`_encode` encoded, its tensors copied out of the segment.
+
+    Into reused ``buffers`` if given: a fresh tensor per batch would fault on
+    every page it is copied into (tens of MB per batch of images).
+    """
     if inline is not None:
         tensors = pickle.loads(inline)
     else:
-        tensors = [segment.view(offset, shape, dtype).clone() for offset, shape, dtype in layout or ()]
+        tensors = [_copy_out(segment.view(offset, shape, dtype), buffers) for offset, shape, dtype in layout or ()]
     return _TensorUnpickler(io.BytesIO(payload), tensors).load()
+
+
+def _copy_out(view: torch.Tensor, buffers: BufferPool | None) -> torch.Tensor:
+    if buffers is None:
+        return view.clone()
+    out = buffers.take(tuple(view.shape), view.dtype)
+    copy_into(out, view)
+    return out
 
 
 def _encode_exception(exc: BaseException) -> tuple[list[bytes], str]:
@@ -361,6 +376,7 @@ def _worker_main(conn: connection.Connection, setup: bytes, stacks: connection.C
 
 def _serve(conn: connection.Connection, dataset: Dataset, order: Order, fns: BatchFns, rank: int, world_size: int) -> None:
     segments: dict[int, _Segment] = {}
+    buffers = BufferPool(keep=2)  # batches are copied into the ring and dropped: their buffers are reused
     inbox: collections.deque[tuple] = collections.deque()
     cancelled = 0  # tasks of passes up to this one are not run
     try:
@@ -383,7 +399,7 @@ def _serve(conn: connection.Connection, dataset: Dataset, order: Order, fns: Bat
                 if segment is not None:
                     segment.close(unlink=False)
                 segment = segments[slot] = _Segment(name, size, create=False)
-            reply = _run(dataset, order, fns, rank, world_size, epoch, start, step, segment)
+            reply = _run(dataset, order, fns, rank, world_size, epoch, start, step, segment, buffers)
             conn.send(("reply", pass_id, step, slot, reply))
             del reply
     finally:
@@ -391,10 +407,13 @@ def _serve(conn: connection.Connection, dataset: Dataset, order: Order, fns: Bat
             segment.close(unlink=False)
 
 
-def _run(dataset: Dataset, order: Order, fns: BatchFns, rank: int, world_size: int, epoch: int, start: int, step: int, segment: _Segment | None) -> tuple:
+def _run(
+    dataset: Dataset, order: Order, fns: BatchFns, rank: int, world_size: int, epoch: int, start: int, step: int,
+    segment: _Segment | None, buffers: BufferPool | None = None,
+) -> tuple:
     """``("ok", payload, layout, inline, need)`` or ``("error", chain, traceback text)`` for one batch."""
     try:
-        loaded = load_batch(dataset, order.batch(epoch, step, rank, world_size, start), fns)
+        loaded = load_batch(dataset, order.batch(epoch, step, rank, world_size, start), fns, buffers=buffers)
         try:
             return ("ok", *_encode((loaded.batch, loaded.rows, loaded.skipped, loaded.times), segment))  # times: for the counters
         except Exception as exc:
@@ -605,6 +624,7 @@ class ProcessPool:
         self._closed = False
         self._turn = 0
         self._interrupt: BaseException | None = None  # set by interrupt(), raised by the consumer's wait
+        self._buffers = BufferPool(keep=self.depth + 4)  # batches are copied out of the ring into these
         self._start()
 
     @property
@@ -719,7 +739,7 @@ class ProcessPool:
                 self._cancel(current)
                 raise _decode_exception(reply[1], reply[2])
             _, payload, layout, inline, _ = reply
-            batch, rows, skipped, times = _decode(payload, layout, inline, ring.segments[slot])
+            batch, rows, skipped, times = _decode(payload, layout, inline, ring.segments[slot], self._buffers)
             return Loaded(batch, rows, skipped, times)
         finally:
             ring.give_back(slot)

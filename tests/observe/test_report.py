@@ -245,3 +245,23 @@ def test_observe_around_a_torch_dataloader_with_compute():
     assert "compute sets the pace" in report.bottleneck_cause
     assert report.compute_s >= 0.06
     assert observed.report(whole=True).batches == 6
+
+
+def test_a_remote_dataset_waiting_on_downloads_is_blamed_on_fetch(tmp_path):
+    from tests.servers import FaultyHTTPServer
+
+    local = chute.write(({"x": np.full(64, i, np.float32), "id": i} for i in range(2000)), tmp_path / "ds", shard_size=60_000)
+    with FaultyHTTPServer(tmp_path) as server:
+        server.throttle(503, times=2, retry_after=1, pattern=r"shard")  # two shards arrive a second late
+        remote = chute.open(server.url + "ds", cache_dir=tmp_path / "cache")
+        loader = chute.Loader(remote, 50, shuffle=True, num_threads=2)
+        assert sum(len(b["id"]) for b in loader) == 2000
+        report = loader.report()
+    assert report.bottleneck_stage == "fetch"
+    assert f"({len(local.shards)} cache misses)" in report.bottleneck_cause
+    read = report.stages["read"]
+    assert read.wait_in_s > 5 * read.busy_s > 0  # the readers mostly waited for shards; reading took little
+    cache = report.to_json()["cache"]
+    assert cache["misses"] == cache["shards_downloaded"] == len(local.shards) and cache["hits"] == 0
+    assert cache["bytes_downloaded"] == sum(s.bytes for s in local.shards)
+    assert "hit rate 0%" in str(report)
