@@ -189,9 +189,10 @@ class Loader:
                 raise ValueError("progressive=True runs with workers='threads'")
             self._progressive = Progressive(self.dataset, self.order, self.order.seed)
         elif cache is not None and cache.limit is not None:  # a too small cache fails here, not mid-epoch
-            from chute.storage.fetcher import check_limit
+            from chute.storage.fetcher import check_limit, worst_resident_bytes
 
-            check_limit(cache, self.order.shard_uses(self.epoch, self.world_size, 0))
+            # the bound over every epoch, so the minimum it states holds for the whole run
+            check_limit(cache, need=worst_resident_bytes(self.order, [s.bytes for s in self.dataset.shards], self.world_size))
         self.skipped: list[int] = []
 
     @property

@@ -151,13 +151,7 @@ class ShardCache:
         self.limit = None if limit is None else int(limit)
         key = hashlib.blake2b(remote.url.encode("utf-8"), digest_size=8).hexdigest()
         self.dir = os.path.join(self.cache_dir, key)
-        os.makedirs(os.path.join(self.dir, "locks"), exist_ok=True)
-        source = os.path.join(self.dir, "source")
-        if not os.path.exists(source):
-            tmp = f"{source}.{secrets.token_hex(4)}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(remote.url + "\n")
-            os.replace(tmp, source)
+        self._made = False  # the directory is made at the first hold, not here: opening touches no disk
         self._cond = threading.Condition()
         self._refs: dict[int, int] = {}
         self._fds: dict[int, int] = {}
@@ -263,6 +257,19 @@ class ShardCache:
             self._pool.shutdown(wait=True)
             self._pool = None
 
+    def _make_dir(self) -> None:
+        """This dataset's cache directory, its lock folder and its ``source`` file."""
+        if self._made:
+            return
+        os.makedirs(os.path.join(self.dir, "locks"), exist_ok=True)
+        source = os.path.join(self.dir, "source")
+        if not os.path.exists(source):
+            tmp = f"{source}.{secrets.token_hex(4)}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(self.remote.url + "\n")
+            os.replace(tmp, source)
+        self._made = True
+
     def _hold(self, i: int) -> int:
         """Take the read lock on shard ``i`` (shared) with the file complete on disk; its descriptor.
 
@@ -271,6 +278,7 @@ class ShardCache:
         download lock: the one process that takes it downloads, the others wait
         on it and then find the file.
         """
+        self._make_dir()
         info = self.manifest.shards[i]
         fd = os.open(_lock_path(self.dir, self._file(i)), os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -376,6 +384,7 @@ class ShardCache:
 
     @contextlib.contextmanager
     def _cache_lock(self):
+        self._make_dir()
         fd = os.open(os.path.join(self.cache_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

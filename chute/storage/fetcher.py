@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 from chute.errors import ChuteError
 from chute.observe import inflight
+from chute.order import Order
 from chute.storage.cache import CacheFullError, ShardCache
 
 
@@ -67,9 +68,34 @@ def resident_bytes(uses: list[tuple[int, int, int]], sizes: list[int]) -> int:
     return peak
 
 
-def check_limit(cache: ShardCache, uses: list[tuple[int, int, int]]) -> int:
-    """The bytes ``uses`` must hold at once; CacheFullError if the cache's limit is smaller."""
-    need = resident_bytes(uses, [s.bytes for s in cache.manifest.shards])
+def worst_resident_bytes(order: Order, sizes: list[int], world_size: int) -> int:
+    """An upper bound of :func:`resident_bytes` over every epoch of ``order``.
+
+    Unshuffled, every epoch reads the same way. Shuffled, one step of
+    ``batch_size * world_size`` positions touches at most ``1 + ceil((step - 1) / r)``
+    windows, ``r`` being the fewest rows a full window can hold (only the last
+    window is smaller, and nothing follows it), plus the first window again when
+    the last step pads; so it holds at most that many windows' worth of the
+    largest shards.
+    """
+    if not order.shuffle:
+        return resident_bytes(order.shard_uses(0, world_size, 0), sizes)
+    rows = sorted(r for r in order.shard_rows if r)
+    if not rows:
+        return 0
+    window = min(order.window, len(rows))
+    fewest = sum(rows[:window])
+    step = order.batch_size * world_size
+    windows = 1 + -(-(step - 1) // fewest) + (1 if world_size > 1 and not order.drop_last else 0)
+    largest = sorted((sizes[i] for i, r in enumerate(order.shard_rows) if r), reverse=True)
+    return sum(largest[: windows * window])
+
+
+def check_limit(cache: ShardCache, uses: list[tuple[int, int, int]] | None = None, need: int | None = None) -> int:
+    """The bytes the loader must hold at once (``need``, else computed from ``uses``);
+    CacheFullError if the cache's limit is smaller."""
+    if need is None:
+        need = resident_bytes(uses, [s.bytes for s in cache.manifest.shards])
     if cache.limit is not None and need > cache.limit:
         raise CacheFullError(
             f"cache_limit {cache.limit:,} bytes is smaller than the {need:,} bytes of shards this loader "

@@ -69,3 +69,12 @@ def http_server(tmp_path: Path) -> Iterator[FaultyHTTPServer]:
     with FaultyHTTPServer(root) as server:
         yield server
     assert not server.errors, server.errors
+
+
+@pytest.fixture(autouse=True)
+def default_cache(tmp_path, monkeypatch) -> str:
+    """The default cache directory, inside the test's tmp dir: ``chute.write`` to a URL opens the
+    result with it, and nothing may land in the user's ~/.cache/chute."""
+    path = str(tmp_path / "default-cache")
+    monkeypatch.setenv("CHUTE_CACHE_DIR", path)
+    return path

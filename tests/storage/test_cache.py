@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import chute
@@ -32,15 +33,6 @@ from tests.storage._helpers import (
 )
 
 CHILD_TIMEOUT = 120  # seconds; each child imports torch and runs one small epoch
-
-
-@pytest.fixture(autouse=True)
-def default_cache(tmp_path, monkeypatch) -> str:
-    """The default cache directory, inside the test's tmp dir: ``chute.write`` to a URL opens the
-    result with it, and nothing may land in the user's ~/.cache/chute."""
-    path = str(tmp_path / "default-cache")
-    monkeypatch.setenv("CHUTE_CACHE_DIR", path)
-    return path
 
 
 @pytest.fixture
@@ -154,13 +146,6 @@ def test_limit_below_the_loaders_minimum_fails_at_construction_and_the_minimum_w
     assert chute_threads() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=chute.CacheFullError,
-    reason="OPEN: Loader(...) checks cache_limit against epoch 0's shard uses only; another epoch's windows "
-    "can need more (here epoch 14 needs 87,848 bytes, epoch 0 87,840), so a loader built with the minimum "
-    "it stated fails at that epoch's start instead of at construction",
-)
 def test_the_stated_minimum_works_for_later_epochs_too(http_server, served, tmp_path):
     small = chute.open(served, cache_dir=tmp_path / "a", cache_limit=30_000)
     with pytest.raises(chute.CacheFullError) as info:
@@ -195,6 +180,7 @@ def _hold_read_lock(ds: chute.Dataset, i: int) -> int:
     """Act as another process that reads (or waits for) shard ``i``: its read lock, shared (see cache.py)."""
     import fcntl
 
+    os.makedirs(os.path.join(ds.cache.dir, "locks"), exist_ok=True)  # as the other process's first hold would
     fd = os.open(os.path.join(ds.cache.dir, "locks", ds.manifest.shards[i].file + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_SH)
     return fd
@@ -240,3 +226,19 @@ def test_a_shard_another_process_reads_is_never_evicted(http_server, served, tmp
         os.close(other)
     assert ds.cache.stats()["evictions"] > 0
     assert shard_gets(http_server)[ds.manifest.shards[0].file] == 1  # never evicted, so never fetched again
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("batch_size", [1, 7, 64, 500])
+def test_the_stated_minimum_bounds_every_epoch(batch_size, world_size):
+    from chute.order import Order
+    from chute.storage.fetcher import resident_bytes, worst_resident_bytes
+
+    rng = np.random.default_rng(batch_size * 10 + world_size)
+    rows = [int(r) for r in rng.integers(0, 90, 37)]
+    sizes = [100 + 7 * r + int(rng.integers(0, 50)) for r in rows]
+    order = Order(tuple(rows), batch_size, shuffle=True, seed=5, window=3)
+    bound = worst_resident_bytes(order, sizes, world_size)
+    needs = [resident_bytes(order.shard_uses(epoch, world_size, 0), sizes) for epoch in range(60)]
+    assert max(needs) <= bound
+    assert bound <= sum(sizes)

@@ -30,15 +30,6 @@ from tests.storage._helpers import (
 )
 
 
-@pytest.fixture(autouse=True)
-def default_cache(tmp_path, monkeypatch) -> str:
-    """The default cache directory, inside the test's tmp dir: ``chute.write`` to a URL opens the
-    result with it, and nothing may land in the user's ~/.cache/chute."""
-    path = str(tmp_path / "default-cache")
-    monkeypatch.setenv("CHUTE_CACHE_DIR", path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[str, list[dict]]:
     """A local dataset and its first two shuffled epochs (the expected values)."""
@@ -59,12 +50,14 @@ def served(http_server, reference) -> tuple[str, chute.Dataset]:
 # ---------------------------------------------------------------------------
 
 
-def test_s3_epochs_equal_local_epochs(moto_s3, s3_bucket, reference, tmp_path):
+def test_s3_epochs_equal_local_epochs(moto_s3, s3_bucket, reference, tmp_path, default_cache):
     _, want = reference
     url = s3_bucket + "/ds"
     written = write_dataset(url)
     assert written.root == url and len(written) == 4000
+    assert not os.path.exists(default_cache)  # writing (and opening) touches no cache on disk
     ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=moto_s3.storage_options)
+    assert not os.path.exists(tmp_path / "cache")  # nothing until a shard is read
     ld = loader(ds)
     for epoch in range(2):
         assert_same_epoch(epoch_columns(ld), want[epoch])
