@@ -83,7 +83,7 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
             rss_per_epoch.append(_rss_mb())
     elif config.startswith("chute"):
         start = time.perf_counter()
-        loader = chute.Loader(ds.root, batch, shuffle=True, seed=0, num_threads=1 if config.endswith("1thread") else None)
+        loader = chute.Loader(ds.root, batch, shuffle=True, seed=0, workers=1 if config.endswith("1thread") else None)
         for epoch in range(epochs):
             for b in loader:
                 samples += len(b["label"] if "label" in b else b["x"] if "x" in b else b["data"])
@@ -133,7 +133,7 @@ def measure_tune(config: str, data_dir: str, epochs: int) -> dict:
     ds, _ = array_dataset("w2", data_dir)
     threads = None if config == "chute-auto" else int(config.removeprefix("chute-t"))
     start = time.perf_counter()
-    loader = chute.Loader(ds.root, BATCH["w2tune"], shuffle=True, seed=0, num_threads=threads)
+    loader = chute.Loader(ds.root, BATCH["w2tune"], shuffle=True, seed=0, workers=threads)
     samples = 0
     for _ in range(epochs):
         for b in loader:

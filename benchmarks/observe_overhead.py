@@ -132,7 +132,7 @@ def main() -> None:
 
     ds, _ = array_dataset("w2", args.data_dir)
     loaders = {
-        mode: chute.Loader(ds.root, 256, shuffle=True, seed=0, num_threads=1, prefetch=2, _counters=mode == "on")
+        mode: chute.Loader(ds.root, 256, shuffle=True, seed=0, workers=chute.Workers(count=1, prefetch=2), _counters=mode == "on")
         for mode in ("on", "off")
     }
     for loader in loaders.values():

@@ -91,7 +91,7 @@ def run(workload: str, server: str, data_dir: str, runs: int) -> None:
                 cache = os.path.join(work, "cache")
                 shutil.rmtree(cache, ignore_errors=True)
                 ds = chute.open(url, cache_dir=cache, storage_options=options)
-                loader = chute.Loader(ds, batch, shuffle=True, seed=0, num_threads=2)
+                loader = chute.Loader(ds, batch, shuffle=True, seed=0, workers=2)
                 first, seconds, nbytes = epoch(loader)
                 rows["ttfb"].append(first * 1e3)
                 rows["cold"].append(nbytes / seconds / 1e6)
@@ -99,14 +99,14 @@ def run(workload: str, server: str, data_dir: str, runs: int) -> None:
                 _, seconds, nbytes = epoch(loader)
                 rows["warm"].append(nbytes / seconds / 1e6)
                 dl["warm"] = ds.cache.stats()["bytes_downloaded"] - dl["cold"]
-                _, seconds, nbytes = epoch(chute.Loader(local, batch, shuffle=True, seed=0, num_threads=2))
+                _, seconds, nbytes = epoch(chute.Loader(local, batch, shuffle=True, seed=0, workers=2))
                 rows["local"].append(nbytes / seconds / 1e6)
                 ds.close()
                 # a cache of 25% of the dataset
                 shutil.rmtree(cache, ignore_errors=True)
                 limited = chute.open(url, cache_dir=cache, cache_limit=max(size // 4, 1), storage_options=options)
                 try:
-                    loader = chute.Loader(limited, batch, shuffle=True, seed=0, num_threads=2, window=1)
+                    loader = chute.Loader(limited, batch, shuffle=chute.Shuffle(window=1), seed=0, workers=2)
                 except chute.CacheFullError as exc:  # too few shards for 25% to hold two windows
                     print(f"  cache 25%: {exc}")
                     rows["limited1"].append(0.0)

@@ -30,8 +30,8 @@ from chute.format import (
     Writer,
     write,
 )
-from chute.format import open_dataset as open
-from chute.pipeline import Loader, TorchIterable
+from chute.storage.open import open_dataset as open
+from chute.pipeline import Loader, Shuffle, TorchIterable, Watchdog, Workers
 
 # Last, so that ``chute.observe`` is the function, not the subpackage of the same name
 # (import submodules as ``from chute.observe.report import Report``).
@@ -43,5 +43,5 @@ __all__ = [
     "RemoteError", "CacheFullError",
     "open", "write", "Writer", "Dataset", "Schema",
     "Tensor", "Ragged", "Scalar", "Bytes", "String", "Map", "Json",
-    "to_device", "DeviceLoader", "Loader", "TorchIterable", "observe",
+    "to_device", "DeviceLoader", "Loader", "TorchIterable", "Workers", "Shuffle", "Watchdog", "observe",
 ]

@@ -47,7 +47,7 @@ def _table(rows: list[list[str]], indent: str = "  ") -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from chute.format.reader import open_dataset
+    from chute.storage.open import open_dataset
 
     ds = open_dataset(args.dataset)
     manifest = ds.manifest
@@ -138,7 +138,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     dataset = None
     if args.dataset:
-        from chute.format.reader import open_dataset
+        from chute.storage.open import open_dataset
 
         dataset = open_dataset(args.dataset, cache_dir=args.cache_dir)
     env = doctor.gather(args.cache_dir)

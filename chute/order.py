@@ -239,6 +239,33 @@ class Order:
                 rows = np.concatenate([rows, self.positions(epoch, 0, int(pad.max()) + 1)[pad]])
         return self._group_by_shard(rows)
 
+    def full_steps(self, world_size: int = 1, consumed: int = 0) -> int:
+        """Steps from position ``consumed`` whose ``batch_size * world_size`` rows are all real (no padding)."""
+        _check_world(world_size)
+        return max(0, self.num_rows - consumed) // (self.batch_size * world_size)
+
+    def steps(self, epoch: int, first: int, count: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> np.ndarray:
+        """Rows of full steps ``[first, first + count)`` for ``rank``: a ``[count, batch_size]`` array.
+
+        Row ``k`` equals ``batch(epoch, first + k, rank, world_size, consumed)``,
+        computed for all the steps at once (one slice of the global order, one
+        vectorised sort by shard) instead of one batch at a time. Only full steps
+        (see :meth:`full_steps`); the last, partial step comes from :meth:`batch`.
+        """
+        _check_world(world_size, rank)
+        if first < 0 or count < 0 or first + count > self.full_steps(world_size, consumed):
+            raise IndexError(
+                f"steps [{first}, {first + count}) are not all full steps of the "
+                f"{self.full_steps(world_size, consumed)} from position {consumed}"
+            )
+        size = self.batch_size * world_size
+        start = consumed + first * size
+        rows = self.positions(epoch, start, start + count * size).reshape(count, world_size, self.batch_size)[:, rank, :]
+        if len(self.shard_rows) > 1 and self.batch_size > 1:
+            shard = np.searchsorted(self.offsets, rows, side="right")
+            rows = np.take_along_axis(rows, np.argsort(shard, axis=1, kind="stable"), axis=1)
+        return np.ascontiguousarray(rows)
+
     def batches(self, epoch: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> Iterator[np.ndarray]:
         """Every batch rank ``rank`` delivers from position ``consumed`` to the end of the epoch."""
         for step in range(self.num_batches(world_size, consumed)):

@@ -101,7 +101,7 @@ def test_tune_prints_the_settings_found_and_the_decisions(dataset, capsys):
     assert out.startswith(f"chute tune {dataset.root}: batch 16, simulated step 2 ms")
     assert "settings found: num_threads=" in out and "prefetch=" in out
     assert "the step allows at most 8,000/s" in out
-    assert "decisions" in out and "use them: chute.Loader(ds, 16, num_threads=" in out
+    assert "decisions" in out and "use them: chute.Loader(ds, 16, workers=chute.Workers(count=" in out
 
 
 def test_tune_json_has_the_autotuner_settings(dataset, capsys):

@@ -508,3 +508,22 @@ def test_state_from_another_shard_layout_of_the_same_size_is_refused() -> None:
 def test_negative_position_is_refused() -> None:
     with pytest.raises(ValueError, match="negative"):
         Order((10,), batch_size=4).batch(0, 0, consumed=-50)
+
+
+@SETTINGS
+@given(orders(), world_sizes, epochs, st.data())
+@example(Order((200,) * 40, 8, shuffle=True, seed=9, window=3), 3, 2, None)
+def test_steps_are_the_batches_computed_at_once(order: Order, world_size: int, epoch: int, data) -> None:
+    """``steps`` (the Loader's vectorised form) equals ``batch`` step by step, for every rank and position."""
+    consumed = data.draw(st.integers(0, order.num_rows), label="consumed") if data is not None else 17
+    full = order.full_steps(world_size, consumed)
+    assert full == order.num_batches(world_size, consumed) - (1 if (order.num_rows - consumed) % (order.batch_size * world_size) and not order.drop_last else 0)
+    first = data.draw(st.integers(0, full), label="first") if data is not None else 0
+    count = data.draw(st.integers(0, full - first), label="count") if data is not None else full
+    for rank in range(min(world_size, 4)):
+        rows = order.steps(epoch, first, count, rank, world_size, consumed)
+        assert rows.shape == (count, order.batch_size) and rows.dtype == np.int64 and rows.flags.c_contiguous
+        for k in range(count):
+            assert np.array_equal(rows[k], order.batch(epoch, first + k, rank, world_size, consumed))
+    with pytest.raises(IndexError):
+        order.steps(epoch, first, full - first + 1, 0, world_size, consumed)

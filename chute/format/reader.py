@@ -1,82 +1,79 @@
-"""The dataset reader: ``chute.open`` and :class:`Dataset`.
+"""The dataset reader: :class:`Dataset`, rows and batches of a chute dataset.
 
-Opening a dataset reads the manifest and stats each shard (O(number of shards));
-a shard is memory-mapped the first time a row of it is read. Fixed-size columns
-(tensors and scalars) are exposed as ``uint8[rows, row_bytes]`` torch views of the
-mapped file, so a batch is one ``index_select`` per shard and column into the output
-buffer: no per-sample Python objects and no deserialisation.
+A dataset is its manifest plus a way to get each shard as a local file. For
+a local dataset that is the file in the dataset's directory; for a remote one
+it is a *shard source* the storage layer passes in (the node cache: it holds,
+downloads and evicts shards; see ``chute.storage``). The reader only maps
+files and reads them; it never decides where they come from, and imports
+nothing from ``chute.storage``.
 
-Views of the mapped files never leave this module: every tensor handed to the
-caller is a copy it may write to (the mapping is read-only).
+A shard is memory-mapped the first time a row of it is read. A batch is read
+by the native kernels (``chute._native``) straight from the mapped shards:
+every fixed-size column (tensors, scalars) with one call that copies the rows
+into the caller's output blocks with the GIL released, and each variable-size
+column with one or two calls for the whole batch (``chute.format.columns``).
+
+Views of the mapped files never leave this module: every value handed to the
+caller is a copy it may write to.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import os
 import threading
-import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from chute.errors import ManifestError, ShardError
-from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest
-from chute.format.schema import FIXED_SIZE, Bytes, ColumnType, Json, Map, Ragged, Scalar, Schema, String, Tensor
+from chute.errors import ShardError
+from chute.format.columns import (
+    CorruptShard,
+    JsonError,
+    Unmapped,
+    _native,
+    fixed_source,
+    numpy_dtype,
+    reader_for,
+    torch_dtype,
+)
+from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, parse_manifest
+from chute.format.schema import FIXED_SIZE, Scalar, Schema, Tensor
 
-if TYPE_CHECKING:
-    from chute.storage.cache import ShardCache
-    from chute.storage.remote import Remote
-
-_TORCH_DTYPES = {
-    "bool": torch.bool,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "uint16": torch.uint16,
-    "int16": torch.int16,
-    "uint32": torch.uint32,
-    "int32": torch.int32,
-    "uint64": torch.uint64,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-
+__all__ = ["Dataset", "ShardSource", "torch_dtype"]
 
 # Shards a remote dataset keeps held for direct reads (outside a loader).
 _DIRECT_HOLDS = 2
 
-# Rows at least this big are copied one by one to their place in the batch; smaller rows
-# are gathered per shard into a scratch buffer, then reordered (see Dataset._gather_fixed).
-_DIRECT_ROW_BYTES = 32 << 10
 
+class ShardSource(Protocol):
+    """Where a dataset's shards come from when they are not files in its directory (the node cache).
 
-def torch_dtype(dtype: str) -> torch.dtype:
-    """The torch dtype of a chute dtype name."""
-    return _TORCH_DTYPES[dtype]
+    ``acquire(i)`` makes shard ``i`` a complete local file at ``path(i)`` and
+    holds it there until ``release(i)``; ``held(i)`` counts the holds of this
+    process; ``on_unpin(i)`` is set by the dataset and called when shard
+    ``i`` stops being held (its mapping must go). Picklable.
+    """
 
+    limit: int | None
+    on_unpin: Any
 
-def _readonly_tensor(array: np.ndarray) -> torch.Tensor:
-    """A torch view of a read-only numpy array (torch warns about those; we never write)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(array)
+    def path(self, i: int) -> str: ...
+    def acquire(self, i: int) -> str: ...
+    def release(self, i: int) -> None: ...
+    def held(self, i: int) -> int: ...
 
 
 class _Shard:
-    """One memory-mapped shard: byte views of its fixed-size columns, Arrow arrays of the rest."""
+    """One memory-mapped shard: each column as the buffers the native kernels read."""
 
-    def __init__(self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str) -> None:
+    def __init__(self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str, readers: dict) -> None:
         try:
             # pa.memory_map, not Python's mmap + py_buffer: with the latter, Arrow touched
             # every page of a column when it was first sliced (0.4 s per 128 MiB shard).
-            # It keeps one descriptor open per mapped shard until the dataset is closed.
             self.mmap = pa.memory_map(path, "r")
             reader = pa.ipc.open_file(self.mmap)
             file_schema = reader.schema
@@ -100,25 +97,19 @@ class _Shard:
             batch = batches[0]
         else:  # not written by chute: combine (a copy) so each column is one buffer
             batch = pa.Table.from_batches(batches, schema=file_schema).combine_chunks().to_batches()[0] if batches else None
-        self.columns: dict[str, pa.Array] = {}
-        self.fixed: dict[str, torch.Tensor] = {}
-        for name, ctype in schema:
-            column = batch.column(name) if batch is not None else pa.array([], type=arrow_schema.field(name).type)
-            if isinstance(ctype, FIXED_SIZE):
-                self.fixed[name] = self._byte_view(column, ctype, info.rows)
-            else:
-                self.columns[name] = column
-
-    @staticmethod
-    def _byte_view(column: pa.Array, ctype: Tensor | Scalar, rows: int) -> torch.Tensor:
-        row_bytes = ctype.row_bytes
-        if isinstance(ctype, Scalar) and ctype.dtype == "bool":  # Arrow packs bools as bits
-            values = _numpy(column).astype(np.uint8)
-        elif isinstance(ctype, Tensor):
-            values = _list_values(column.storage)
-        else:
-            values = _numpy(column)
-        return _readonly_tensor(values.view(np.uint8).reshape(rows, row_bytes))
+        self.sources: dict[str, Any] = {}
+        try:
+            for name, ctype in schema:
+                column = batch.column(name) if batch is not None else pa.array([], type=arrow_schema.field(name).type)
+                if isinstance(ctype, FIXED_SIZE):
+                    self.sources[name] = fixed_source(column, ctype)
+                else:
+                    self.sources[name] = readers[name].source(column)
+        except (ValueError, IndexError, TypeError, pa.ArrowException) as exc:  # buffers shorter than the rows need
+            raise ShardError(
+                f"{where}: shard {info.file} is damaged: column {name!r} cannot be read ({exc}); "
+                "run `chute inspect --verify` on the dataset and write it again"
+            ) from None
 
 
 class Dataset:
@@ -126,15 +117,16 @@ class Dataset:
 
     ``len(ds)`` rows; ``ds[i]`` is one sample as a dict; ``ds.get_batch(indices)``
     gathers many at once (tensor and scalar columns as one tensor each, other columns
-    as lists). Safe to share between threads; picklable (it re-maps its shards in the
-    process that unpickles it).
+    as lists). Safe to share between threads; picklable (it maps its shards again in
+    the process that unpickles it).
     """
 
-    def __init__(self, root: str, manifest: Manifest, manifest_text: str, cache: ShardCache | None = None) -> None:
+    def __init__(self, root: str, manifest: Manifest, manifest_text: str, cache: ShardSource | None = None) -> None:
         self.root = root
         self.manifest = manifest
         self._manifest_text = manifest_text
-        self.cache = cache  # the node cache a remote dataset's shards are read through (None: local)
+        self.cache = cache  # the shard source of a remote dataset (the node cache); None: files under root
+        self.progressive = False  # opened with progressive=True (chute.open): each epoch covers what the cache holds
         self._recent: collections.deque[int] = collections.deque()  # shards held for direct reads (remote)
         if cache is not None:
             cache.on_unpin = self._unmap
@@ -143,9 +135,14 @@ class Dataset:
         self._starts = self.offsets[:-1]
         self._shards: list[_Shard | None] = [None] * len(manifest.shards)
         self._lock = threading.Lock()
-        self._local = threading.local()
         self._fixed = [(name, ctype) for name, ctype in manifest.schema if isinstance(ctype, FIXED_SIZE)]
         self._variable = [(name, ctype) for name, ctype in manifest.schema if not isinstance(ctype, FIXED_SIZE)]
+        self._readers = {name: reader_for(name, ctype) for name, ctype in self._variable}
+        # per column, per shard: the buffers the kernels read (None until the shard is mapped)
+        self._sources: dict[str, list[Any]] = {name: [None] * len(manifest.shards) for name in manifest.schema.names}
+        self._fixed_sources = [self._sources[name] for name, _ in self._fixed]
+        self._row_bytes = [ctype.row_bytes for _, ctype in self._fixed]
+        self._var_plan = [(self._readers[name], self._sources[name]) for name, _ in self._variable]
 
     # ------------------------------------------------------------------ description
 
@@ -165,6 +162,19 @@ class Dataset:
     def nbytes(self) -> int:
         return sum(s.bytes for s in self.manifest.shards)
 
+    @property
+    def fixed_columns(self) -> list[tuple[str, tuple[int, ...], np.dtype, torch.dtype]]:
+        """``(name, shape of one row, numpy dtype a batch is built in, torch dtype)`` of each fixed-size column."""
+        return [
+            (name, tuple(ctype.shape) if isinstance(ctype, Tensor) else (), numpy_dtype(ctype.dtype), torch_dtype(ctype.dtype))
+            for name, ctype in self._fixed
+        ]
+
+    @property
+    def variable_columns(self) -> list[str]:
+        """Names of the variable-size columns (bytes, strings, maps, JSON, ragged arrays)."""
+        return [name for name, _ in self._variable]
+
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
@@ -172,9 +182,7 @@ class Dataset:
         return f"chute.Dataset({self.root!r}, rows={len(self)}, shards={len(self.shards)}, columns={self.schema.names})"
 
     def __reduce__(self):
-        if self.cache is not None:
-            return (_restore_remote, (self.cache.remote, self._manifest_text, self.cache.cache_dir, self.cache.limit))
-        return (_restore, (self.root, self._manifest_text))
+        return (_restore, (self.root, self._manifest_text, self.cache))
 
     def shard_path(self, i: int) -> str:
         """The local file of shard ``i`` (for a remote dataset: its place in the cache)."""
@@ -189,20 +197,31 @@ class Dataset:
         shard = int(np.searchsorted(self._starts, index, side="right")) - 1
         return shard, index - int(self.offsets[shard])
 
-    # ------------------------------------------------------------------ reading
+    def shards_of(self, indices: np.ndarray) -> list[int]:
+        """The shards rows ``indices`` are in, once each, ascending."""
+        return np.unique(np.searchsorted(self._starts, indices, side="right") - 1).tolist()
+
+    # ------------------------------------------------------------------ mapping shards
 
     def shard(self, i: int) -> _Shard:
         """Shard ``i``, memory-mapped on first use."""
         shard = self._shards[i]
-        if shard is None and self.cache is not None:
+        if shard is not None:
+            return shard
+        if self.cache is not None:
             return self._cached_shard(i)
-        if shard is None:
-            with self._lock:
-                shard = self._shards[i]
-                if shard is None:
-                    info = self.manifest.shards[i]
-                    shard = _Shard(self.shard_path(i), info, self.schema, self.manifest.arrow_schema, f"dataset {self.root}")
-                    self._shards[i] = shard
+        with self._lock:
+            shard = self._shards[i]
+            if shard is None:
+                shard = self._open(i, self.shard_path(i))
+        return shard
+
+    def _open(self, i: int, path: str) -> _Shard:
+        """Map shard ``i`` from ``path`` and publish its buffers (called with ``_lock`` held)."""
+        shard = _Shard(path, self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}", self._readers)
+        for name, source in shard.sources.items():
+            self._sources[name][i] = source
+        self._shards[i] = shard
         return shard
 
     def _cached_shard(self, i: int) -> _Shard:
@@ -228,12 +247,8 @@ class Dataset:
         try:
             with self._lock:
                 shard = self._shards[i]
-            if shard is None:
-                shard = _Shard(cache.path(i), self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}")
-                with self._lock:
-                    if self._shards[i] is None:
-                        self._shards[i] = shard
-                    shard = self._shards[i]
+                if shard is None:
+                    shard = self._open(i, cache.path(i))
         except BaseException:
             cache.release(i)
             raise
@@ -245,9 +260,82 @@ class Dataset:
         return shard
 
     def _unmap(self, i: int) -> None:
-        """Called by the cache when shard ``i`` is no longer held: drop its mapping."""
+        """Called by the shard source when shard ``i`` is no longer held: drop its mapping.
+
+        A read in progress keeps the memory it reads from (the kernels hold the
+        buffers for the duration of the call); the next read maps the shard again.
+        """
         with self._lock:
             self._shards[i] = None
+            for sources in self._sources.values():
+                sources[i] = None
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
+        """Read rows ``indices`` (int64, C-contiguous): the hot path of the Loader.
+
+        Fixed-size columns are copied into ``outs``, writable C-contiguous
+        arrays of ``len(indices)`` rows, one per fixed-size column in schema
+        order (:attr:`fixed_columns`); the values of the variable-size columns
+        are returned, in schema order (``columnar``: as Arrow arrays).
+        """
+        offsets = self.offsets
+        if self._fixed:
+            columns = tuple(zip(self._fixed_sources, outs, self._row_bytes))
+            while True:
+                try:
+                    _native.gather(indices, offsets, columns)
+                    break
+                except Unmapped as missing:
+                    self.shard(missing.shard)
+                except CorruptShard as exc:
+                    raise self._corrupt(exc) from None
+        if not self._var_plan:
+            return []
+        values = []
+        for reader, sources in self._var_plan:
+            while True:
+                try:
+                    values.append(reader.read(indices, offsets, sources, columnar))
+                    break
+                except Unmapped as missing:
+                    self.shard(missing.shard)
+                except (CorruptShard, JsonError) as exc:
+                    raise self._corrupt(exc, reader.name) from None
+        return values
+
+    def _corrupt(self, exc: CorruptShard | JsonError, column: str | None = None) -> ShardError:
+        shard = exc.shard
+        where = f"shard {self.manifest.shards[shard].file}" if 0 <= shard < len(self.shards) else "a shard of this batch"
+        row = f", row {exc.row}" if exc.row >= 0 else ""
+        col = f", column {column!r}" if column else ""
+        return ShardError(
+            f"dataset {self.root}: {where}{row}{col} is corrupt ({exc}); run `chute inspect --verify` "
+            "on the dataset and write or download it again"
+        )
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor, out: Mapping[str, torch.Tensor] | None = None,
+                  *, columnar: bool = False) -> dict[str, Any]:
+        """Gather rows ``indices`` (in that order) into a dict of column name to values.
+
+        Tensor columns come back as one tensor of shape ``[len(indices), *shape]``,
+        scalar columns as a tensor of shape ``[len(indices)]``, other columns as lists
+        (``columnar=True``: as Arrow arrays, see ``chute.format.columns``). ``out``
+        may hold preallocated tensors for fixed-size columns (reused buffers,
+        possibly pinned); they are filled in place and returned.
+        """
+        idx = self._check_indices(indices)
+        n = len(idx)
+        tensors, arrays = [], []
+        for (name, ctype), (_, shape, np_dtype, dtype) in zip(self._fixed, self.fixed_columns):
+            tensor = self._output(name, (n, *shape), dtype, out)
+            tensors.append(tensor)
+            arrays.append(tensor.view(torch.uint8).numpy() if dtype in (torch.bfloat16,) else tensor.numpy())
+        values = self.read(idx, arrays, columnar)
+        fixed = dict(zip([name for name, _ in self._fixed], tensors))
+        variable = dict(zip(self.variable_columns, values))
+        return {name: fixed[name] if name in fixed else variable[name] for name in self.schema.names}
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if isinstance(index, (np.integer, torch.Tensor)):
@@ -256,36 +344,13 @@ class Dataset:
             raise TypeError(f"dataset indices must be integers, not {type(index).__name__}; use get_batch for many rows")
         if index < 0:
             index += len(self)
-        number, row = self.locate(index)
-        shard = self.shard(number)
+        self.locate(index)  # the IndexError of a single row
+        batch = self.get_batch(np.array([index], dtype=np.int64))
         sample: dict[str, Any] = {}
         for name, ctype in self.schema:
-            if isinstance(ctype, FIXED_SIZE):
-                value = shard.fixed[name][row].clone().view(torch_dtype(ctype.dtype))
-                sample[name] = value.item() if isinstance(ctype, Scalar) else value.view(ctype.shape)
-            else:
-                sample[name] = _decode(shard.columns[name].slice(row, 1), ctype)[0]
+            value = batch[name][0]
+            sample[name] = value.item() if isinstance(ctype, Scalar) else value
         return sample
-
-    def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor, out: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
-        """Gather rows ``indices`` (in that order) into a dict of column name to values.
-
-        Tensor columns come back as one tensor of shape ``[len(indices), *shape]``,
-        scalar columns as a tensor of shape ``[len(indices)]``, other columns as lists.
-        ``out`` may hold preallocated tensors for fixed-size columns (reused buffers,
-        possibly pinned); they are filled in place and returned.
-        """
-        idx = self._check_indices(indices)
-        n = len(idx)
-        plan = self._plan(idx)
-        result: dict[str, Any] = {}
-        for name, ctype in self._fixed:
-            buffer = self._output(name, ctype, n, out)
-            self._gather_fixed(name, plan, buffer.view(torch.uint8).view(n, ctype.row_bytes) if n else None)
-            result[name] = buffer
-        for name, ctype in self._variable:
-            result[name] = self._gather_variable(name, ctype, plan)
-        return {name: result[name] for name in self.schema.names}
 
     def _check_indices(self, indices: Any) -> np.ndarray:
         if isinstance(indices, torch.Tensor):
@@ -293,7 +358,7 @@ class Dataset:
         idx = np.asarray(indices)
         if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
             raise TypeError(f"indices must be a 1-D sequence of integers, got shape {idx.shape} of {idx.dtype}")
-        idx = idx.astype(np.int64, copy=False)
+        idx = np.ascontiguousarray(idx, dtype=np.int64)
         if idx.size:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= len(self):
@@ -301,31 +366,8 @@ class Dataset:
                 raise IndexError(f"row {bad} is out of range for dataset {self.root} of {len(self)} rows")
         return idx
 
-    def _plan(self, idx: np.ndarray) -> _Plan:
-        """Split rows into per-shard runs; sort them by shard first if they are not grouped."""
-        if len(self._shards) == 1 or not len(idx):
-            return _Plan([(0, 0, len(idx), idx)], None, None)
-        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
-        local = idx - self.offsets[shard_of]
-        inverse = order = None
-        if len(idx) > 1 and (shard_of[1:] < shard_of[:-1]).any():
-            # Rows of one shard are gathered together, then put back in the order asked for.
-            order = np.argsort(shard_of, kind="stable")
-            inverse = np.empty_like(order)
-            inverse[order] = np.arange(len(order))
-            shard_of, local = shard_of[order], local[order]
-        counts = np.bincount(shard_of, minlength=len(self._shards))
-        runs = []
-        a = 0
-        for shard in np.flatnonzero(counts).tolist():
-            b = a + int(counts[shard])
-            runs.append((shard, a, b, local[a:b]))
-            a = b
-        return _Plan(runs, inverse, order if inverse is not None else None)
-
-    def _output(self, name: str, ctype: Tensor | Scalar, n: int, out: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
-        shape = (n, *ctype.shape) if isinstance(ctype, Tensor) else (n,)
-        dtype = torch_dtype(ctype.dtype)
+    @staticmethod
+    def _output(name: str, shape: tuple[int, ...], dtype: torch.dtype, out: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
         if out is not None and name in out:
             buffer = out[name]
             if tuple(buffer.shape) != shape or buffer.dtype != dtype or not buffer.is_contiguous() or buffer.device.type != "cpu":
@@ -335,43 +377,6 @@ class Dataset:
                 )
             return buffer
         return torch.empty(shape, dtype=dtype)
-
-    def _gather_fixed(self, name: str, plan: _Plan, out: torch.Tensor | None) -> None:
-        if out is None:
-            return
-        if plan.inverse is not None and out.shape[1] >= _DIRECT_ROW_BYTES:
-            # Big rows: a Python call per row costs less than copying the batch twice.
-            positions = plan.order.tolist()
-            for shard, a, b, local in plan.runs:
-                source = self.shard(shard).fixed[name]
-                for position, row in zip(positions[a:b], local.tolist()):
-                    out[position].copy_(source[row])
-            return
-        target = out if plan.inverse is None else self._scratch(out)
-        for (shard, a, b, _), local in zip(plan.runs, plan.indices):
-            torch.index_select(self.shard(shard).fixed[name], 0, local, out=target[a:b])
-        if plan.inverse is not None:
-            torch.index_select(target, 0, plan.inverse_t, out=out)
-
-    def _scratch(self, like: torch.Tensor) -> torch.Tensor:
-        """A per-thread reusable buffer shaped like ``like`` (fresh allocations page-fault)."""
-        buffers = self._local.__dict__.setdefault("scratch", {})
-        key = tuple(like.shape)
-        buffer = buffers.get(key)
-        if buffer is None:
-            if len(buffers) > 8:
-                buffers.clear()
-            buffer = buffers[key] = torch.empty(key, dtype=like.dtype)
-        return buffer
-
-    def _gather_variable(self, name: str, ctype: ColumnType, plan: _Plan) -> list[Any]:
-        values: list[Any] = []
-        for shard, _, _, local in plan.runs:
-            column = self.shard(shard).columns[name]
-            values.extend(_decode(column.take(pa.array(local)), ctype))
-        if plan.inverse is not None:
-            values = [values[i] for i in plan.inverse.tolist()]
-        return values
 
     # ------------------------------------------------------------------ validation
 
@@ -412,6 +417,8 @@ class Dataset:
         """Unmap the shards (they are mapped again if the dataset is read later)."""
         with self._lock:
             self._shards = [None] * len(self._shards)
+            for sources in self._sources.values():
+                sources[:] = [None] * len(sources)
             recent, self._recent = list(self._recent), collections.deque()
         if self.cache is not None:
             for i in recent:
@@ -424,148 +431,6 @@ class Dataset:
         self.close()
 
 
-class _Plan:
-    """How one batch's rows split into per-shard runs, and the reordering to apply after."""
-
-    __slots__ = ("runs", "inverse", "order", "indices", "inverse_t")
-
-    def __init__(self, runs: list[tuple[int, int, int, np.ndarray]], inverse: np.ndarray | None, order: np.ndarray | None) -> None:
-        self.runs = runs  # (shard, first sorted position, end sorted position, rows within the shard)
-        # When the rows were sorted by shard: sorted position j holds the row asked for at
-        # position order[j], and position p is found at sorted position inverse[p].
-        self.inverse = inverse
-        self.order = order
-        # torch views of the same indices, made once and shared by every column
-        self.indices = [torch.from_numpy(local) for _, _, _, local in runs]
-        self.inverse_t = None if inverse is None else torch.from_numpy(inverse)
-
-
-def _decode(column: pa.Array, ctype: ColumnType) -> list[Any]:
-    """Python values of a variable-size column's rows."""
-    if isinstance(ctype, (Bytes, String)):
-        return column.to_pylist()
-    if isinstance(ctype, Json):
-        return [json.loads(text) for text in column.to_pylist()]
-    if isinstance(ctype, Map):
-        rows = column.to_pylist(maps_as_pydicts="strict")
-        if ctype.value == "json":
-            return [{k: json.loads(v) for k, v in row.items()} for row in rows]
-        return rows
-    if isinstance(ctype, Ragged):
-        return _decode_ragged(column, ctype)
-    raise AssertionError(f"unexpected column type {ctype!r}")
-
-
-def _decode_ragged(column: pa.Array, ctype: Ragged) -> list[torch.Tensor]:
-    if ctype.ndim == 1:
-        lists, shapes = column, None
-    else:
-        lists = column.field("data")
-        shapes = _list_values(column.field("shape")).reshape(-1, ctype.ndim)
-    offsets = _numpy(lists.offsets)
-    values = _numpy(lists.values)
-    dtype = torch_dtype(ctype.dtype)
-    out = []
-    for i in range(len(lists)):
-        part = torch.from_numpy(values[offsets[i] : offsets[i + 1]].copy())
-        part = part.view(dtype) if dtype in (torch.bool, torch.bfloat16) else part
-        out.append(part if shapes is None else part.reshape(tuple(shapes[i])))
-    return out
-
-
-def _numpy(array: pa.Array) -> np.ndarray:
-    """A zero-copy numpy view of a primitive Arrow array without nulls (bools are unpacked).
-
-    ``pa.Array.to_numpy`` imports pandas on first use (0.3 s); this reads the buffer.
-    """
-    data = array.buffers()[1]
-    if pa.types.is_boolean(array.type):
-        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
-        return bits[array.offset : array.offset + len(array)].astype(np.bool_)
-    dtype = np.dtype(array.type.to_pandas_dtype())
-    return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
-
-
-def _list_values(array: pa.FixedSizeListArray) -> np.ndarray:
-    """The values of a fixed-size-list array's rows, zero-copy (``flatten`` imports pyarrow.compute)."""
-    size = array.type.list_size
-    return _numpy(array.values)[array.offset * size : (array.offset + len(array)) * size]
-
-
-def _restore(root: str, manifest_text: str) -> Dataset:
-    return Dataset(root, parse_manifest(manifest_text, os.path.join(root, MANIFEST_NAME)), manifest_text)
-
-
-def _restore_remote(remote: Remote, manifest_text: str, cache_dir: str, limit: int | None) -> Dataset:
-    from chute.storage.cache import ShardCache
-
-    manifest = parse_manifest(manifest_text, f"{remote.url}/{MANIFEST_NAME}")
-    return Dataset(remote.url, manifest, manifest_text, ShardCache(remote, manifest, cache_dir, limit))
-
-
-def open_dataset(
-    path: str | os.PathLike,
-    *,
-    cache_dir: str | os.PathLike | None = None,
-    cache_limit: int | str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    retries: int | None = None,
-) -> Dataset:
-    """Open the chute dataset at ``path``: a local directory holding ``manifest.json``, or a URL.
-
-    A local dataset's shards are memory-mapped where they are. A remote one
-    (``s3://``, ``gs://``, ``http(s)://``, any fsspec URL) has its manifest read
-    now and its shards downloaded into the node cache ``cache_dir`` (default
-    ``$CHUTE_CACHE_DIR`` or ``~/.cache/chute``) as they are needed, never holding
-    more than ``cache_limit`` bytes there (a number or a string such as
-    ``"20GB"``; default: no limit). ``storage_options`` go to fsspec (e.g.
-    ``{"client_kwargs": {"endpoint_url": ...}}`` for an S3-compatible store).
-    A request that fails transiently (timeout, reset connection, HTTP 5xx,
-    throttling) is tried up to ``retries`` times in all (default 8, about 20 s
-    of backoff) before a :class:`chute.RemoteError` names the URL and the errors.
-
-    Validates the manifest and, for a local dataset, that every shard exists with
-    the size it lists; checksums are checked by :meth:`Dataset.verify` (and on
-    every download).
-    """
-    from chute.storage.remote import is_remote
-
-    if is_remote(os.fspath(path)):
-        from chute.storage.open import open_remote
-
-        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries)
-    root = os.path.abspath(local_path(path, "open"))
-    manifest_path = os.path.join(root, MANIFEST_NAME)
-    if not os.path.isdir(root):
-        raise ManifestError(f"{root} does not exist or is not a directory; a chute dataset is a directory with a {MANIFEST_NAME}")
-    try:
-        with open(manifest_path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise ManifestError(
-            f"{root} has no {MANIFEST_NAME}: it is not a chute dataset, or its writer did not "
-            "finish (the manifest is written last). Write the dataset again"
-        ) from None
-    manifest = parse_manifest(text, manifest_path)
-    if any(info.compression for info in manifest.shards):  # compressed shards are read through the cache
-        from chute.storage.open import open_remote
-
-        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries)
-    real_root = os.path.realpath(root)
-    for info in manifest.shards:
-        path_i = os.path.join(root, *info.file.split("/"))
-        real = os.path.realpath(path_i)
-        if os.path.commonpath([real, real_root]) != real_root:
-            raise ManifestError(f"{manifest_path}: shard {info.file} resolves outside the dataset root ({real}); chute refuses to read it")
-        try:
-            size = os.path.getsize(path_i)
-        except FileNotFoundError:
-            raise ShardError(
-                f"dataset {root}: shard {info.file} is missing; the dataset is incomplete: write or download it again"
-            ) from None
-        if size != info.bytes:
-            raise ShardError(
-                f"dataset {root}: shard {info.file} is {size} bytes but the manifest says {info.bytes}; "
-                "it is truncated or was replaced: write or download the dataset again"
-            )
-    return Dataset(root, manifest, text)
+def _restore(root: str, manifest_text: str, cache: ShardSource | None) -> Dataset:
+    where = f"{root}/{MANIFEST_NAME}" if cache is not None else os.path.join(root, MANIFEST_NAME)
+    return Dataset(root, parse_manifest(manifest_text, where), manifest_text, cache)

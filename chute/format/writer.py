@@ -372,6 +372,6 @@ def write(
     ) as writer:
         for sample in samples:
             writer.append(sample)
-    from chute.format.reader import open_dataset
+    from chute.storage.open import open_dataset
 
     return open_dataset(writer.url, storage_options=storage_options)

@@ -256,9 +256,9 @@ def _mb(nbytes: float) -> str:
 class Autotuner:
     """Runs a :class:`Policy` during a Loader's passes and applies what it decides.
 
-    ``tick`` is called by the consumer at every batch (a comparison unless a
-    window is due). New settings go to the pass's pool (``resize``, ``depth``)
-    and to ``on_change(threads, depth)`` if set.
+    The training loop calls ``tick`` when ``next_ns`` has passed. New settings
+    go to the pass's executor (``resize``, ``set_depth``) and to
+    ``on_change(threads, depth)`` if set.
     """
 
     def __init__(
@@ -271,30 +271,29 @@ class Autotuner:
         self.decisions: collections.deque[Decision] = collections.deque(maxlen=history)
         self.next_ns = 0
         self._last = None
-        self._pool: Any = None
         self.on_change: Callable[[int, int], None] | None = None  # called with (threads, depth) after a change
 
-    def start_pass(self, pool: Any) -> None:
-        """A new pass with this worker pool: the first window starts at its first batch."""
-        self._pool = pool
+    def start_pass(self) -> None:
+        """A new pass: the first window starts at its first batch."""
         self._last = None
         self.next_ns = 0
         self.policy.new_pass()
 
     def end_pass(self) -> None:
-        self._pool = None
         self._last = None
         self.next_ns = 1 << 62  # no ticks between passes
 
-    def tick(self, now_ns: int, batches_left: int) -> None:
-        """Called by the consumer when ``now_ns >= next_ns``: close a window if it is complete."""
+    def tick(self, now_ns: int, batches_left: int, executor: Any, meter: Any) -> None:
+        """Called by the training loop when ``now_ns >= next_ns``: close a window if it is complete.
+
+        ``executor`` is the pass's (``resize``, ``set_depth``); ``meter.take_ready()``
+        gives the fewest finished batches seen waiting since the last window.
+        """
         counters = self.counters
-        pool = self._pool
         if self._last is None:  # the first batch: the window starts now, after the start-up latency
             self._last = counters.snapshot()
             self.next_ns = now_ns + self.window_ns
-            if pool is not None:
-                pool.take_min_ready()
+            meter.take_ready()
             return
         if counters.consumer.batches - self._last.consumer.batches < self.window_batches:
             self.next_ns = now_ns + self.window_ns // 4
@@ -318,7 +317,7 @@ class Autotuner:
             samples=consumer.samples,
             busy_s=workers.busy_ns / 1e9,
             idle_s=workers.wait_out_ns / 1e9,
-            min_ready=pool.take_min_ready() if pool is not None else None,
+            min_ready=meter.take_ready(),
             batch_bytes=out_bytes / workers.items if workers.items else 0.0,
         )
         before = (policy.threads, policy.depth)
@@ -330,8 +329,8 @@ class Autotuner:
             self.decisions.append(Decision(at, change, reason))
             log.info("chute: autotune: %s: %s", change, reason)
         if (policy.threads, policy.depth) != before:
-            if pool is not None:
-                pool.resize(policy.threads)
-                pool.depth = policy.depth
+            if hasattr(executor, "resize"):
+                executor.resize(policy.threads)
+                executor.set_depth(policy.depth)
             if self.on_change is not None:
                 self.on_change(policy.threads, policy.depth)

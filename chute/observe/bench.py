@@ -111,16 +111,18 @@ def run(
     ``dataset``: a :class:`chute.Dataset`, a path or a URL (remote shards go through ``cache_dir``).
     ``step_ms``: a simulated training step per batch (``time.sleep``), as ``chute tune`` uses.
     """
-    from chute.format.reader import Dataset, open_dataset
-    from chute.pipeline.batch import nbytes_of
+    from chute.format.reader import Dataset
+    from chute.storage.open import open_dataset
+    from chute.pipeline.config import Workers
     from chute.pipeline.loader import Loader
+    from chute.pipeline.task import nbytes_of
 
     if epochs is None and seconds is None and max_batches is None:
         raise ValueError("give epochs, seconds or max_batches: a run must end")
     ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, cache_dir=cache_dir)
     made = time.perf_counter()
     loader = Loader(
-        ds, batch_size, shuffle=shuffle, seed=seed, num_threads=num_threads, workers=workers, prefetch=prefetch,
+        ds, batch_size, shuffle=shuffle, seed=seed, workers=Workers(workers, count=num_threads, prefetch=prefetch),
         **(loader_kwargs or {}),
     )
     stamps: list[tuple[float, int]] = []  # (time since start, samples in the batch)
@@ -238,7 +240,10 @@ def tune_text(result: BenchResult) -> str:
             lines.append(f"  {d.get('time_s', 0.0):7.2f} s  {d.get('change')}: {d.get('reason')}")
     else:
         lines.append("decisions: none (the starting settings were kept)")
-    lines.append(f"use them: chute.Loader(ds, {result.batch_size}, num_threads={settings.get('num_threads')}, prefetch={settings.get('prefetch')})")
+    lines.append(
+        f"use them: chute.Loader(ds, {result.batch_size}, workers=chute.Workers(count={settings.get('num_threads')}, "
+        f"prefetch={settings.get('prefetch')}))"
+    )
     return "\n".join(lines)
 
 

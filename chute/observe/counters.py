@@ -260,8 +260,8 @@ class Snapshot:
 class Counters:
     """The counters of one loader: named stages, the consumer, and a trace ring.
 
-    ``trace_events`` bounds the ring of spans kept for ``loader.trace(path)``
-    (the last few hundred batches: each batch leaves about five spans).
+    ``trace_events`` bounds the ring of records kept for ``loader.trace(path)``
+    (the last few hundred batches: each batch leaves two records, more with a device or downloads).
     """
 
     def __init__(self, trace_events: int = 2048) -> None:
@@ -305,6 +305,26 @@ class Counters:
         self.thread_names[threading.get_ident()] = threading.current_thread().name
 
     def trace_events(self) -> list[tuple[str, int, int, int, int | None, int]]:
-        """The spans in the ring: ``(name, thread id, start_ns, duration_ns, step, items)``."""
-        return list(self.trace)
+        """The spans in the ring: ``(name, thread id, start_ns, duration_ns, step, items)``.
+
+        The hot paths leave one compact record per batch, expanded here: a batch
+        task's ``("task", tid, start, read, end, step, rows, waited)`` into its
+        ``read`` and ``transform`` spans, the loop's ``("loop", tid, called,
+        got, done, step)`` into ``wait`` and ``compute``.
+        """
+        spans = []
+        for record in list(self.trace):
+            kind = record[0]
+            if kind == "task":
+                _, tid, start, read, end, step, rows, _waited = record
+                spans.append(("read", tid, start, read - start, step, rows))
+                if end > read:
+                    spans.append(("transform", tid, read, end - read, step, rows))
+            elif kind == "loop":
+                _, tid, called, got, done, step = record
+                spans.append(("wait", tid, called, got - called, step, 0))
+                spans.append(("compute", tid, got, done - got, step, 0))
+            else:
+                spans.append(record)
+        return spans
 

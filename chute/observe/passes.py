@@ -1,9 +1,10 @@
 """A Loader's measurement glue: its counters per pass, the device stage's timing, its report.
 
-The Loader calls a :class:`LoaderMeter` at a few points: when a pass starts
-(``start_pass``), when its worker pool exists (``attach``), for every batch a
-worker finished (``produced``), and around what the training loop receives
-(``timed``). The device stage is timed from the outside of
+The Loader's stages count their own time into the :class:`Counters` (the batch
+task in the workers, the pass's stream in the training loop: see
+``chute.pipeline.task`` and ``chute.pipeline.run``); a :class:`LoaderMeter`
+keeps what outlives a pass: the report windows (``start_pass``, ``end_pass``),
+the autotuner, and the node cache's statistics. The device stage is timed from the outside of
 ``DevicePrefetcher`` (``DeviceTiming``): the copying thread's wait for the
 next host batch (``wait_in``), the copy itself (busy, until ``on_copied``), and
 the time from there to asking for the next batch (``wait_out``: handing the
@@ -15,7 +16,6 @@ it runs); ``report(since="start")`` covers the loader's whole life.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,52 +23,6 @@ from typing import Any
 from chute.observe.autotune import Autotuner
 from chute.observe.counters import Counters, Snapshot
 from chute.observe.report import Context, Report, build, cache_window
-from chute.observe.trace import WORKER_PROCESSES_TID
-
-
-def record_batch(
-    counters: Counters, step: int, indices: int, loaded: Any, order_span: tuple[int, int] | None = None,
-    fetch_wait_ns: int = 0, waited_in_read_ns: int = 0, thread: int | None = None,
-) -> None:
-    """Count one finished batch task (``loaded.times``, from ``load_batch``) into the stages.
-
-    ``order_span`` is when its indices were computed; ``fetch_wait_ns`` the time
-    it waited for downloads before the gather (counted as the read stage's
-    ``wait_in``); ``waited_in_read_ns`` the part of the gather already counted as
-    ``read.wait_in`` by the storage layer (not busy time). ``thread`` names the
-    trace track for spans measured in another process. Runs once per batch in
-    the worker: the cell updates are written out rather than calling
-    ``Stage.record`` three times.
-    """
-    trace = counters.trace.append
-    cell = counters.order.cell()
-    tid = cell.tid if thread is None else thread
-    if order_span is not None:
-        start, end = order_span
-        cell.busy_ns += end - start
-        cell.items += indices
-        trace(("order", tid, start, end - start, step, indices))
-    times = loaded.times
-    if times is None:
-        return
-    cell = counters.read.cell()
-    cell.wait_in_ns += fetch_wait_ns
-    cell.busy_ns += times.read_ns - waited_in_read_ns
-    cell.items += indices
-    cell.nbytes += times.nbytes
-    start = times.start_ns
-    trace(("read", tid, start, times.read_ns, step, indices))
-    cell = counters.transform.cell()
-    cell.items += loaded.rows
-    cell.nbytes += times.out_nbytes  # the finished batch's size
-    spent = times.per_sample_ns + times.collate_ns + times.batch_transform_ns
-    if spent:
-        cell.busy_ns += spent
-        parts = cell.parts
-        for part, ns in (("per_sample", times.per_sample_ns), ("collate", times.collate_ns), ("batch_transform", times.batch_transform_ns)):
-            if ns:
-                parts[part] = parts.get(part, 0) + ns
-        trace(("transform", tid, start + times.read_ns, spent, step, loaded.rows))
 
 
 class DeviceTiming:
@@ -78,10 +32,9 @@ class DeviceTiming:
     ``copied`` is the prefetcher's ``on_copied`` callback.
     """
 
-    def __init__(self, counters: Counters, rows: dict[int, int]) -> None:
+    def __init__(self, counters: Counters) -> None:
         self.stage = counters.stage("device")
         self.stage.workers = 1
-        self.rows = rows
         self._got_ns = 0
         self._copied_ns = 0
 
@@ -106,13 +59,19 @@ class DeviceTiming:
             if close is not None:
                 close()
 
-    def copied(self, host_item: Any, event: Any) -> None:
-        from chute.pipeline.batch import nbytes_of
+    def copied(self, batch: Any, event: Any) -> None:
+        from chute.pipeline.task import nbytes_of
 
         now = time.perf_counter_ns()
-        step, batch = host_item[0], host_item[1]
-        self.stage.record(self._got_ns, now, self.rows.get(step, 0), nbytes_of(batch) if batch is not None else 0, step)
+        self.stage.record(self._got_ns, now, _rows(batch), nbytes_of(batch) if batch is not None else 0, None)
         self._copied_ns = now
+
+
+def _rows(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    from chute.observe.consumer import batch_size_of
+
+    return batch_size_of(batch) if batch is not None else 0
 
 
 class LoaderMeter:
@@ -122,7 +81,6 @@ class LoaderMeter:
         self.counters = counters
         self.tuner = tuner
         self.cache = cache  # the dataset's node cache (stats()), or None
-        self.rows: dict[int, int] = {}  # step -> samples, from the workers to the loop
         self.skipped = 0  # samples skipped by on_error="skip", as the workers reported them
         self._zero = counters.snapshot()
         self._start: Snapshot | None = None
@@ -130,83 +88,40 @@ class LoaderMeter:
         self._cpu = (0.0, None)
         self._skipped_mark = 0
         self._cache_start: dict[str, Any] | None = None
-        self._pass_began = 0
-        self._first_batch_ns: int | None = None
+        self.pass_began = 0  # perf_counter_ns at the start of the pass
+        self.first_batch_ns: int | None = None  # time from the start of the pass to its first batch
+        self.ready: int | None = None  # fewest finished batches seen waiting (sampled by the loop)
 
     # ------------------------------------------------------------------ the Loader's calls
 
-    def start_pass(self) -> None:
-        """A pass begins (``iter()``): its report window starts now."""
-        self.rows = {}
+    def start_pass(self, run: Any = None) -> None:
+        """A pass begins (its first ``next()``): its report window starts now."""
         self._start, self._end = self.counters.snapshot(), None
         self._cpu = (time.process_time(), None)
         self._skipped_mark = self.skipped
         self._cache_start = self._cache_stats()
-        self._pass_began = time.perf_counter_ns()
-        self._first_batch_ns = None
-
-    def attach(self, pool: Any) -> None:
-        """The pass's worker pool (threads mode), for the autotuner."""
+        self.pass_began = time.perf_counter_ns()
+        self.first_batch_ns = None
+        self.ready = None
         if self.tuner is not None:
-            self.tuner.start_pass(pool)
+            self.tuner.start_pass()
 
-    def produced(self, step: int, loaded: Any, processes: bool = False, workers: int = 1) -> None:
-        """A worker finished batch ``step``; from worker processes, count their timings here."""
-        self.rows[step] = loaded.rows
-        if loaded.skipped:
-            self.skipped += len(loaded.skipped)
-        if processes:
-            for name in ("read", "transform"):
-                self.counters.stage(name).workers = workers
-            record_batch(self.counters, step, loaded.rows + len(loaded.skipped), loaded, thread=WORKER_PROCESSES_TID)
+    def end_pass(self, run: Any = None) -> None:
+        """The pass's stream ended: close its report window."""
+        self._end = self.counters.snapshot()
+        self._cpu = (self._cpu[0], time.process_time())
+        if run is not None:
+            self.skipped += len(run.skipped)
+        if self.tuner is not None:
+            self.tuner.end_pass()
 
-    def device(self) -> DeviceTiming:
-        return DeviceTiming(self.counters, self.rows)
+    def take_ready(self) -> int | None:
+        """The fewest finished batches seen waiting in the channel since the last call (for the autotuner)."""
+        value, self.ready = self.ready, None
+        return value
 
-    def timed(self, batches: Iterator[tuple[int, Any]], total: int) -> Iterator[tuple[int, Any]]:
-        """``batches`` as they are, timing the loop around them (and ticking the autotuner)."""
-        counters = self.counters
-        consumer = counters.consumer
-        tuner = self.tuner
-        rows = self.rows
-        clock = time.perf_counter_ns
-        counters.name_thread()
-        trace = counters.trace.append
-        tid = threading.get_ident()
-        called = clock()
-        try:
-            while True:
-                try:
-                    item = next(batches)
-                except StopIteration:
-                    consumer.wait_ns += clock() - called
-                    return
-                got = clock()
-                consumer.wait_ns += got - called
-                step = item[0]
-                if item[1] is not None:
-                    consumer.batches += 1
-                    consumer.samples += rows.pop(step, 0)
-                    if self._first_batch_ns is None:
-                        self._first_batch_ns = got - self._pass_began
-                        if consumer.first_wait_ns is None:
-                            consumer.first_wait_ns = self._first_batch_ns
-                trace(("wait", tid, called, got - called, step, 0))
-                yield item
-                del item
-                called = clock()
-                consumer.compute_ns += called - got
-                trace(("compute", tid, got, called - got, step, 0))
-                if tuner is not None and called >= tuner.next_ns:
-                    tuner.tick(called, total - step - 1)
-        finally:
-            self._end = counters.snapshot()
-            self._cpu = (self._cpu[0], time.process_time())
-            if tuner is not None:
-                tuner.end_pass()
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
+    def device(self, run: Any) -> DeviceTiming:
+        return DeviceTiming(self.counters)
 
     # ------------------------------------------------------------------ the report
 
@@ -231,7 +146,7 @@ class LoaderMeter:
             label = "last pass" if self._end is not None else "this pass so far"
             cpu_end = self._cpu[1] if self._cpu[1] is not None else time.process_time()
             cpu_s = cpu_end - self._cpu[0]
-            first = self._first_batch_ns
+            first = self.first_batch_ns
             skipped = self.skipped - self._skipped_mark
             cache_start = self._cache_start
         decisions = tuple(self.tuner.decisions) if self.tuner is not None else ()

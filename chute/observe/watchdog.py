@@ -1,15 +1,15 @@
 """The hang watchdog: when the training loop waits too long for a batch, say why.
 
-MISSION.md section 1: a loader that hangs in what looks like a read must never
-be silent. One daemon thread per iterating Loader pass sleeps on a deadline
-(``threading.Event.wait(timeout)``; it wakes at most once per timeout, never
-per batch) and, when the consumer has been blocked in ``next()`` for longer
-than the stall timeout, writes a report to stderr and the ``"chute"`` logger:
+A loader that hangs in what looks like a read must never be silent (the
+"why does my DataLoader hang?" case). The training loop waits for each batch
+with a timeout; when a wait times out, the loop itself (:class:`StallWatch`)
+writes a report to stderr and the ``"chute"`` logger:
 
 - what the loop waits for (step, epoch, rank) and for how long;
 - the batches in flight: their sample indices, which thread or worker process
   builds each one and for how long, and the exact sample when a thread is
-  inside the user's transform;
+  inside the user's transform (the pass publishes the position of the sample
+  each worker is transforming; nothing walks another thread's variables);
 - every read in flight (``chute.observe.inflight``): file or URL, byte range,
   seconds elapsed;
 - queue depths (batches submitted, being built, prefetch);
@@ -18,16 +18,15 @@ than the stall timeout, writes a report to stderr and the ``"chute"`` logger:
   so it works even when the worker holds the GIL).
 
 With ``on_stall="warn"`` (the default) it keeps waiting and reports again
-after another timeout; with ``"raise"`` the consumer's wait is interrupted and
-raises :class:`chute.errors.StallError` carrying the report as ``.report``.
+after another timeout; with ``"raise"`` the wait raises
+:class:`chute.errors.StallError` carrying the report as ``.report``. There is
+no watchdog thread: a report is made only for the wait that timed out, and the
+cost per batch is the timeout argument of the wait.
 
-The consumer side costs two ``time.monotonic()`` calls and a few attribute
-stores per batch (:meth:`Watchdog.waiting`, :meth:`Watchdog.delivered`).
-
-The timeout (``stall_timeout``): a number is used for every wait; ``"auto"``
-(the default) allows :data:`FIRST_TIMEOUT` seconds for the first batch of a
-pass (start-up, first downloads) and, once :data:`WARMUP` waits have been
-seen, ``max(FLOOR, FACTOR x the 95th percentile of the last HISTORY waits)``;
+The timeout: a number is used for every wait; ``"auto"`` (the default) allows
+:data:`FIRST_TIMEOUT` seconds for the first batch of a pass (start-up, first
+downloads) and, once :data:`WARMUP` waits have been seen,
+``max(FLOOR, FACTOR x the 95th percentile of the last HISTORY waits)``;
 ``None`` turns the watchdog off.
 """
 
@@ -42,7 +41,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from chute.errors import StallError
 from chute.observe import inflight
@@ -61,7 +60,6 @@ THREAD_ROLES = (
     ("chute-loader", "loader thread: gather, transform, collate"),
     ("chute-device", "device stage: takes built batches, copies them to the device"),
     ("chute-fetch", "downloader: fetches shards into the node cache ahead of use"),
-    ("chute-watchdog", "hang watchdog"),
 )
 
 _STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
@@ -136,16 +134,6 @@ class Details:
     sections: list[tuple[str, list[str]]] = field(default_factory=list)  # (title, lines)
     roles: dict[int, str] = field(default_factory=dict)  # thread ident -> role
     stuck: str = ""  # one line: where the batch the loop waits for is stuck
-
-
-class Probe(Protocol):
-    """The pipeline side of a watchdog (one per Loader pass: :class:`LoaderProbe`)."""
-
-    def details(self) -> Details: ...
-
-    def interrupt(self, exc: BaseException) -> bool:
-        """Make the consumer's wait raise ``exc``; False if nothing could be interrupted."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -243,116 +231,65 @@ def build_report(details: Details, waited: float, timeout: float, rule: str, on_
     lines.append(
         "What to do: the stacks above show where each thread and worker is. A read that never returns points at the "
         "storage or network; a frame in your transform points at the transform. If the loop is just slow, raise "
-        "stall_timeout; on_stall='raise' turns this report into a StallError."
+        "the timeout (Loader(watchdog=seconds)); chute.Watchdog(on_stall='raise') turns this report into a StallError."
     )
     return "\n".join(lines) + "\n"
 
 
-# --------------------------------------------------------------------------- the watchdog thread
+# --------------------------------------------------------------------------- the loop's own watchdog
 
 
-class Watchdog:
-    """Watches one pass: reports (or raises) when the consumer waits longer than the timeout.
+class StallWatch:
+    """The hang watchdog of one pass, run by the training loop itself.
 
-    The consumer calls :meth:`waiting` when it asks for a batch and
-    :meth:`delivered` when it has one; :meth:`start` and :meth:`stop` bracket
-    the pass (``stop`` joins the thread).
+    The loop waits for each batch with a timeout (:meth:`timeout`); when a wait
+    times out it calls :meth:`wait`, which writes the report and then keeps
+    waiting (``on_stall="warn"``, reporting again every timeout) or raises
+    :class:`chute.StallError` (``"raise"``). No thread of its own, and nothing
+    to interrupt: a report is only ever made for the wait in progress, and
+    costs nothing per batch beyond the wait's timeout argument.
+
+    ``describe(run)`` returns the :class:`Details` of the stalled pass.
     """
 
     def __init__(
-        self,
-        rule: StallTimeout,
-        history: WaitHistory,
-        on_stall: str,
-        probe: Probe,
-        name: str = "chute-watchdog",
+        self, setting: float | str, on_stall: str, history: WaitHistory, describe: Callable[[Any], Details],
         write: Callable[[str], None] | None = None,
     ) -> None:
         if on_stall not in ("warn", "raise"):
             raise ValueError(f"on_stall must be 'warn' or 'raise', got {on_stall!r}")
-        self.rule, self.history, self.on_stall, self.probe = rule, history, on_stall, probe
-        self.name = name
+        self.rule, self.on_stall, self.history, self.describe = StallTimeout(setting), on_stall, history, describe
         self.reports = 0
         self._write = write or _to_stderr
-        self._since = 0.0  # monotonic time the consumer started waiting; 0.0 while it is not
-        self._delivered = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.consumer: int | None = None
 
-    # consumer side (one thread)
+    def timeout(self, first: bool) -> float:
+        """Seconds the next wait may last before a report."""
+        return self.rule.seconds(self.history, first_of_pass=first)
 
-    def waiting(self) -> None:
-        """The consumer asks for the next batch."""
-        self._since = time.monotonic()
-
-    def delivered(self) -> None:
-        """The consumer has its batch."""
-        if self._delivered:  # the first wait of a pass (start-up) says nothing about later ones
-            self.history.add(time.monotonic() - self._since)
-        self._delivered += 1
-        self._since = 0.0
-
-    def start(self) -> None:
-        """Start watching (call in the consumer's thread)."""
-        self.consumer = threading.get_ident()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop watching and join the thread (bounded: a report being written may take a moment)."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-
-    # watchdog side
-
-    def _run(self) -> None:
-        reported_at = 0.0
+    def wait(self, run: Any, step: int, take: Callable[[int, float], Any], since_ns: int) -> Any:
+        """The wait for ``step`` timed out: report, then keep waiting with ``take(step, timeout)`` or raise."""
         while True:
-            since = self._since
-            timeout = self.rule.seconds(self.history, first_of_pass=self._delivered == 0)
-            now = time.monotonic()
-            if since:
-                due = max(since, reported_at) + timeout  # after a report, the next one a timeout later
-                if now >= due:
-                    if self._report(now - since, timeout):
-                        return  # the consumer was interrupted: this pass is over
-                    reported_at = time.monotonic()
-                    continue
-                wait = due - now
-            else:
-                wait = timeout  # a wait that starts now is due no earlier than this
-            if self._stop.wait(wait):
-                return
-
-    def _report(self, waited: float, timeout: float) -> bool:
-        """Write one report; with on_stall='raise' interrupt the consumer. True if it was."""
-        try:
-            details = self.probe.details()
-        except Exception as exc:  # the report must not die with the probe
-            details = Details("the next batch", stuck=f"(the loader could not describe itself: {exc!r})")
-        if self.consumer is not None:
-            details.roles.setdefault(self.consumer, "the training loop, waiting in next()")
-        skip = {threading.get_ident()}
-        text = build_report(details, waited, timeout, self.rule.describe(), self.on_stall, skip)
-        if self._stop.is_set() or not self._since:
-            return False  # the batch arrived (or the pass ended) while the report was built
-        self.reports += 1
-        self._write(text)
-        if log.hasHandlers():
-            log.warning("%s", text.rstrip())
-        if self.on_stall != "raise":
-            return False
-        headline = f"no batch for {waited:.1f} s (stall_timeout {timeout:g} s) while waiting for {details.waiting_for}"
-        if details.stuck:
-            headline += f"; stuck: {details.stuck}"
-        exc = StallError(f"{headline}. The full report was written to stderr and is in this exception's .report", text)
-        if self.probe.interrupt(exc):
-            return True
-        self._write("chute: could not interrupt the wait (no batch task to fail); still waiting\n")
-        return False
+            waited = (time.perf_counter_ns() - since_ns) / 1e9
+            timeout = self.timeout(first=run.received == 0)
+            try:
+                details = self.describe(run)
+            except Exception as exc:  # the report must not die with the probe
+                details = Details("the next batch", stuck=f"(the loader could not describe itself: {exc!r})")
+            details.roles.setdefault(threading.get_ident(), "the training loop, waiting in next()")
+            text = build_report(details, waited, timeout, self.rule.describe(), self.on_stall, set())
+            self.reports += 1
+            self._write(text)
+            if log.hasHandlers():
+                log.warning("%s", text.rstrip())
+            if self.on_stall == "raise":
+                headline = f"no batch for {waited:.1f} s (stall_timeout {timeout:g} s) while waiting for {details.waiting_for}"
+                if details.stuck:
+                    headline += f"; stuck: {details.stuck}"
+                raise StallError(f"{headline}. The full report was written to stderr and is in this exception's .report", text)
+            try:
+                return take(step, timeout)
+            except TimeoutError:
+                continue
 
 
 def _to_stderr(text: str) -> None:
@@ -364,89 +301,82 @@ def _to_stderr(text: str) -> None:
 
 
 class LoaderProbe:
-    """What a :class:`chute.Loader` pass looks like from outside, for the watchdog.
+    """What a Loader pass is doing, from what it publishes (``chute.pipeline.run.Pass``), for the report.
 
-    Reads the pass state (``received``, the thread pool and its task's map of
-    steps being built, or the process pool) without locks: the values are
-    snapshots taken under the GIL, good enough for a report.
+    Reads the pass without locks: the values are snapshots taken under the
+    GIL, good enough for a report.
     """
 
-    def __init__(self, loader: Any, state: Any) -> None:
-        self.loader, self.state = loader, state
-
-    @property
-    def order(self) -> Any:
-        order = getattr(self.state, "order", None)  # progressive mode: this epoch's order
-        return order if order is not None else self.loader.order
-
-    @property
-    def dataset(self) -> Any:
-        dataset = getattr(self.state, "dataset", None)
-        return dataset if dataset is not None else self.loader.dataset
+    def __init__(self, loader: Any, run: Any) -> None:
+        self.loader, self.run = loader, run
 
     def _indices(self, step: int) -> list[int]:
-        loader, state = self.loader, self.state
-        return self.order.batch(state.epoch, step, loader.rank, loader.world_size, state.start).tolist()
+        return self.run.rows_of(step)
 
     def details(self) -> Details:
-        loader, state = self.loader, self.state
-        step = state.received
-        total = self.order.num_batches(loader.world_size, state.start)
-        waiting_for = f"batch {step} of {total} (epoch {state.epoch}, rank {loader.rank} of {loader.world_size})"
-        unit = "thread(s)" if loader.workers == "threads" else "worker process(es)"
-        pool = getattr(state, "pool", None)  # threads: the autotuner may have resized it
-        threads = getattr(pool, "threads", loader.num_threads)
-        settings = f"workers={loader.workers!r}, {threads} {unit}, prefetch {getattr(pool, 'depth', loader.prefetch)}"
+        loader, run = self.loader, self.run
+        step = run.received
+        waiting_for = f"batch {step} of {run.steps} (epoch {run.epoch}, rank {run.rank} of {run.world_size})"
+        executor = run.executor
+        kind = loader.workers.kind
+        unit = "thread(s)" if kind == "threads" else "worker process(es)"
+        threads = getattr(executor, "threads", loader.num_threads)
+        settings = f"workers={kind!r}, {threads} {unit}, prefetch {getattr(executor, 'depth', loader.prefetch)}"
         if loader.device is not None:
             settings += f", device={str(loader.device)!r}"
         details = Details(waiting_for, settings)
-        if self.loader.workers == "processes":
+        if kind == "processes":
             self._processes(details, step)
         else:
             self._threads(details, step)
         return details
 
     def _threads(self, details: Details, step: int) -> None:
-        now = time.monotonic()
-        task, pool = self.state.task, self.state.pool
-        running = dict(task.running) if task is not None else {}
+        run, task = self.run, self.run.task
+        now = time.perf_counter_ns()
         frames = sys._current_frames()
         names = {t.ident: t.name for t in threading.enumerate()}
+        building = {}
+        if task is not None:
+            for w, s in enumerate(list(task.building)):
+                if s >= 0:
+                    building[s] = w
+        submitted = max(run.submitted, step + 1)
         lines = []
-        in_flight = pool.in_flight if pool is not None else 0
-        submitted = range(step, step + in_flight + 1)  # the one waited for, then those queued behind it
-        for s in sorted(set(running) | set(submitted)):
+        for s in sorted(set(building) | set(range(step, min(submitted, run.steps)))):
             indices = self._indices(s)
-            if s in running:
-                _, ident, since = running[s]
-                where = f"building for {now - since:.1f} s in thread {names.get(ident, ident)!r}"
-                frame = frames.get(ident)
-                sample = _sample_in_transform(frame, loader_fns=self.loader.fns) if frame is not None else None
+            if s in building:
+                w = building[s]
+                ident = task.threads[w]
+                where = f"building for {(now - task.since[w]) / 1e9:.1f} s in thread {names.get(ident, ident)!r}"
+                position = task.progress[w]
+                sample = indices[position] if 0 <= position < len(indices) else None
                 if sample is not None:
-                    where += f", inside the transform on {_describe_row(self.dataset, sample)}"
+                    where += f", inside the transform on {run.describe(sample)}"
                 details.roles[ident] = f"loader thread: gather, transform, collate; building batch {s}"
                 if s == step:
+                    frame = frames.get(ident)
                     own = innermost_own_frame(stack_of(frame)) if frame is not None else None
                     details.stuck = f"batch {s} is being built by thread {names.get(ident, ident)!r}"
                     if own is not None:
                         details.stuck += f" at {own.where()}"
                     if sample is not None:
-                        details.stuck += f", on {_describe_row(self.dataset, sample)}"
-                    thread_name = names.get(ident)
-                    reads = [r for r in inflight.snapshot() if r.thread == thread_name]
+                        details.stuck += f", on {run.describe(sample)}"
+                    reads = [r for r in inflight.snapshot() if r.thread == names.get(ident)]
                     if reads:
-                        details.stuck += f"; its read in flight: {reads[0].describe(now)}"
+                        details.stuck += f"; its read in flight: {reads[0].describe(time.monotonic())}"
             elif s == step:
                 where = "not started (every loader thread is busy with other batches)"
                 details.stuck = f"batch {s} has not started: every loader thread is busy"
-            elif len(running) < getattr(pool, "threads", self.loader.num_threads):
-                where = f"built, waiting behind batch {step}"  # a thread is idle: nothing is queued
+            elif s < submitted:
+                where = "built, waiting behind batch " + str(step) if len(building) < getattr(run.executor, "threads", 1) else "built, or queued for a free thread"
             else:
-                where = "built, or queued for a free thread"
+                where = "not submitted yet"
             lines.append(f"  batch {s}: samples {_list(indices)}: {where}")
+        depth = getattr(run.executor, "depth", self.loader.prefetch)
         lines.append(
-            f"  queue: {len(submitted)} batch(es) submitted (prefetch {self.loader.prefetch}), "
-            f"{len(running)} being built by {getattr(pool, 'threads', self.loader.num_threads)} thread(s)"
+            f"  queue: {max(0, submitted - step)} batch(es) submitted (prefetch {depth}), "
+            f"{len(building)} being built by {getattr(run.executor, 'threads', self.loader.num_threads)} thread(s)"
         )
         del frames
         details.sections.insert(0, ("Batches in flight", lines))
@@ -485,48 +415,11 @@ class LoaderProbe:
         details.sections.insert(0, ("Batches in flight", lines))
         details.sections.append(("Worker processes (stacks dumped by faulthandler, most recent call first)", worker_lines))
 
-    def interrupt(self, exc: BaseException) -> bool:
-        if self.loader.workers == "processes":
-            pool = self.loader._processes
-            return pool.interrupt(exc) if pool is not None else False
-        pool = self.state.pool
-        return pool.interrupt(exc) if pool is not None else False
-
 
 def _list(values: list[int], limit: int = 16) -> str:
     if len(values) <= limit:
         return "[" + ", ".join(map(str, values)) + "]"
     return "[" + ", ".join(map(str, values[:limit])) + f", ... {len(values) - limit} more]"
-
-
-def _describe_row(dataset: Any, index: int) -> str:
-    try:
-        shard, row = dataset.locate(index)
-        return f"sample {index} (shard {dataset.shards[shard].file}, row {row})"
-    except Exception:
-        return f"sample {index}"
-
-
-def _sample_in_transform(frame: Any, loader_fns: Any) -> int | None:
-    """The sample index a thread's ``load_batch`` is running the transform on, if it is."""
-    from chute.pipeline.batch import load_batch
-
-    transform = getattr(loader_fns, "transform", None)
-    if transform is None:
-        return None
-    code = getattr(transform, "__code__", None) or getattr(getattr(type(transform), "__call__", None), "__code__", None)
-    callee = None
-    while frame is not None:
-        if frame.f_code is load_batch.__code__:
-            if callee is None or callee.f_code is not code:
-                return None  # in the gather, collate or batch_transform, not the transform
-            try:
-                index = frame.f_locals.get("index")
-            except Exception:
-                return None
-            return int(index) if index is not None else None
-        callee, frame = frame, frame.f_back
-    return None
 
 
 def _innermost_dumped_frame(dump: str) -> str:

@@ -1,62 +1,120 @@
-"""Reused output buffers for the batches the Loader gathers.
+"""Output blocks: the memory batches are built in, reused once nobody holds them.
 
-A fresh multi-megabyte tensor per batch costs a page fault per 4 KiB the first
-time it is written (the allocator returns large blocks to the kernel), which
-halved gather speed for 1 MiB records in a probe. So fixed-size columns are
-gathered into buffers that are reused, but only once nothing outside this pool
-refers to them: the Python reference count of the tensor and the use count of
-its storage (which counts views, such as ``batch["x"][0]`` kept by the user)
-must both be back to the pool's own. A batch the user keeps is never rewritten;
-the pool just allocates another buffer.
+A fresh multi-megabyte tensor per batch costs a page fault for every 4 KiB the
+first time it is written (the allocator gives large blocks back to the
+kernel); that halved gather speed for 1 MiB rows in a probe. So the Loader
+builds every fixed-size column of a batch in a *block* taken from this pool,
+and the block comes back when the batch is dropped.
+
+Ownership uses only public mechanisms. A block is a numpy array owned by the
+pool. Handing it out makes a fresh numpy view of it and a tensor with
+``torch.from_numpy(view)``: the tensor's storage keeps ``view`` alive for as
+long as the tensor, or any view or slice of it (``batch["x"][0]`` kept for
+logging), exists. A weak reference to ``view`` (a :class:`Lease`) has the
+pool's free list as its callback, so when the last tensor using the storage is
+freed, the lease lands in the free list, by the garbage collector's own
+bookkeeping, on whatever thread dropped the batch. A batch the user keeps is
+never rewritten; the pool allocates another block meanwhile.
+
+Pinned blocks (``pin=True``, for a CUDA device) are read by an asynchronous
+copy after the host batch is dropped; the device stage keeps the host batch
+alive until the copy's event has completed (``chute.device``), so the same
+rule covers them.
+
+Taking a block costs two C calls and no Python-level call; returning one costs
+nothing on the consumer's side.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
+import weakref
+from typing import Any
 
+import numpy as np
 import torch
 
-try:  # the storage use count (views included); without it, buffers are not reused
-    from torch._C import _storage_Use_Count as _storage_use_count
-except ImportError:  # pragma: no cover - older or newer torch
-    _storage_use_count = None
+
+class Lease(weakref.ref):
+    """A weak reference to the view a tensor was made from; ``block`` goes back to the pool when it dies."""
+
+    __slots__ = ("block",)
 
 
-def _counts(buffers: list[torch.Tensor], i: int) -> tuple[int, int]:
-    """References to ``buffers[i]``: Python's, and its storage's (which counts views)."""
-    return sys.getrefcount(buffers[i]), _storage_use_count(buffers[i].untyped_storage()._cdata)
+class BlockPool:
+    """Numpy blocks keyed by ``(shape, numpy dtype)``, handed out as tensors and reused when dropped.
 
+    Safe to use from several threads (list appends and pops are atomic, and
+    each free list is only ever popped by :meth:`take`).
+    """
 
-def _baseline() -> tuple[int, int] | None:
-    """``_counts`` of a buffer that only the pool's list refers to."""
-    if _storage_use_count is None:
-        return None
-    probe = [torch.empty(1)]
-    return _counts(probe, 0)
+    def __init__(self, pin: bool = False) -> None:
+        self.pin = pin
+        self._free: dict[tuple[tuple[int, ...], np.dtype], list[Lease]] = {}
+        self._leases: dict[int, Lease] = {}  # leases out, by id: a weakref's callback fires only while it lives
+        self.allocated = 0  # blocks ever allocated (stays flat once the pool is warm)
 
-
-class BufferPool:
-    """Tensors keyed by ``(shape, dtype)``, handed out again once nobody else holds them."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep  # buffers remembered per key; more are left to the garbage collector
-        self._buffers: dict[tuple, list[torch.Tensor]] = {}
-        self._lock = threading.Lock()
-        self._free = _baseline()
-        self.allocated = 0
-
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, Any]:
+        """``(array, tensor)``: a writable block of ``shape`` and ``dtype``, as numpy and as torch (one memory)."""
         key = (shape, dtype)
-        with self._lock:
-            buffers = self._buffers.setdefault(key, [])
-            if self._free is not None:
-                for i in range(len(buffers)):
-                    if _counts(buffers, i) == self._free:
-                        buffers.append(buffers.pop(i))  # checked oldest first
-                        return buffers[-1]
-            buffers.append(torch.empty(shape, dtype=dtype))
-            self.allocated += 1
-            if len(buffers) > self.keep:
-                buffers.pop(0)  # forget the oldest; whoever holds it keeps it
-            return buffers[-1]
+        free = self._free.get(key)
+        if free is None:
+            free = self._free[key] = []
+        if free:
+            old = free.pop()
+            block = old.block
+            del self._leases[id(old)]
+        else:
+            block = self._allocate(shape, dtype)
+        view = block[...]
+        lease = Lease(view, free.append)
+        lease.block = block
+        self._leases[id(lease)] = lease
+        return view, torch.from_numpy(view)
+
+    def take_all(self, shapes: list[tuple[int, ...]], dtypes: list[np.dtype]) -> tuple[list[np.ndarray], list[Any]]:
+        """:meth:`take` for several blocks at once (a batch's fixed-size columns): ``(arrays, tensors)``."""
+        count = len(shapes)
+        arrays: list[Any] = [None] * count
+        tensors: list[Any] = [None] * count
+        free_lists = self._free
+        leases = self._leases
+        for j in range(count):
+            key = (shapes[j], dtypes[j])
+            free = free_lists.get(key)
+            if free is None:
+                free = free_lists[key] = []
+            if free:
+                old = free.pop()
+                block = old.block
+                del leases[id(old)]
+            else:
+                block = self._allocate(shapes[j], dtypes[j])
+            view = block[...]
+            lease = Lease(view, free.append)
+            lease.block = block
+            leases[id(lease)] = lease
+            arrays[j] = view
+            tensors[j] = torch.from_numpy(view)
+        return arrays, tensors
+
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        self.allocated += 1
+        if self.pin:
+            return torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True).numpy()
+        return np.empty(shape, dtype)
+
+    def trim(self, keep: int) -> None:
+        """Forget all but ``keep`` free blocks of each shape (after a burst of batches the user held)."""
+        for free in self._free.values():
+            while len(free) > keep:
+                del self._leases[id(free.pop(0))]
+
+    @property
+    def free(self) -> int:
+        """Blocks waiting to be reused."""
+        return sum(len(free) for free in self._free.values())
+
+    @property
+    def out(self) -> int:
+        """Blocks handed out and still held somewhere."""
+        return len(self._leases) - self.free

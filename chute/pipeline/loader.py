@@ -1,39 +1,36 @@
 """The Loader: a dataset in, batches in the global order out, resumable at any batch.
 
-    order ──► batch tasks on a thread pool (gather + transform + collate) ──► [device] ──► loop
-
-The order (``chute.order.Order``) says which rows each batch holds; worker
-threads build whole batches (never single samples) and the consumer receives
-them in order. ``state_dict()`` records the position in the global order that
-the *consumer has received*, so a restored Loader continues with exactly the
-next batch, on any number of threads or ranks.
+A thin façade. It holds the settings (``chute.pipeline.config``), the epoch
+and the resume position, and the things that outlive a pass (the output block
+pool, the counters and autotuner, the worker processes, the device copier);
+each ``iter()`` builds a pass (``chute.pipeline.build``) whose stream
+(``chute.pipeline.run``) the training loop iterates. ``state_dict()`` records
+the position in the global order that the *training loop has received*, so a
+restored Loader continues with exactly the next batch, on any number of
+workers or ranks. See ``chute/pipeline/README.md`` for the life of a batch.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
-from chute.errors import ChuteError, StallError
-from chute.format.reader import Dataset, open_dataset
-from chute.order import DEFAULT_WINDOW, Order
-from chute.format.reader import torch_dtype
-from chute.format.schema import FIXED_SIZE, Tensor
-from chute.pipeline.batch import BatchFns, Loaded, load_batch
-from chute.pipeline.buffers import BufferPool
-from chute.observe.autotune import DEFAULT_MAX_BYTES, Autotuner, Policy
-from chute.observe.counters import Counters
-from chute.observe.passes import LoaderMeter, cpu_budget, record_batch
-from chute.observe.report import Report
-from chute.observe.watchdog import LoaderProbe, StallTimeout, WaitHistory, Watchdog
-from chute.pipeline.threads import OrderedPool
+from chute.errors import ChuteError
+from chute.format.reader import Dataset
+from chute.order import Order
+from chute.pipeline.config import (
+    Shuffle,
+    Watchdog,
+    Workers,
+    check_batch_size,
+    check_seed,
+    check_shuffle,
+    refuse_habits,
+)
+from chute.pipeline.transform import Functions
 
 log = logging.getLogger("chute")
 
@@ -53,63 +50,61 @@ def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int,
     return rank, world_size
 
 
-def dataset_and_order(
-    dataset: Dataset | str | os.PathLike, batch_size: int, shuffle: bool, seed: int, window: int, drop_last: bool
-) -> tuple[Dataset, Order]:
+def dataset_and_order(dataset: Any, batch_size: int, shuffle: Shuffle | None, seed: int, drop_last: bool) -> tuple[Any, Order]:
     """The dataset (opened if given as a path) and the order of its rows for these settings."""
-    ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
-    order = Order(tuple(s.rows for s in ds.shards), int(batch_size), bool(shuffle), int(seed), int(window), bool(drop_last))
-    return ds, order
+    if isinstance(dataset, (str, os.PathLike)):
+        from chute.storage.open import open_dataset
+
+        dataset = open_dataset(dataset)
+    elif not hasattr(dataset, "read") and not hasattr(dataset, "order"):
+        raise TypeError(
+            f"the dataset must be a chute.Dataset (chute.open(path)), a path or URL, or chute.mix(...), "
+            f"got {type(dataset).__name__}; to convert other data, see chute.write and `chute convert`"
+        )
+    window = shuffle.window if shuffle is not None else Shuffle().window
+    make = getattr(dataset, "order", None)
+    if callable(make):  # a mixture makes its own order
+        return dataset, make(batch_size, shuffle is not None, seed, window, drop_last)
+    order = Order(tuple(s.rows for s in dataset.shards), batch_size, shuffle is not None, seed, window, drop_last)
+    return dataset, order
 
 
 class Loader:
     """Batches of a chute dataset in a deterministic, resumable global order.
 
     Args:
-        dataset: a :class:`chute.Dataset` or a path to open.
+        dataset: a :class:`chute.Dataset` (``chute.open(...)``), or a path or URL to open.
         batch_size: samples per batch on this rank.
-        shuffle, seed, window: the order (see ``chute.order``): with ``shuffle``
-            the shards are permuted and samples are permuted within windows of
-            ``window`` shards, from ``(seed, epoch)``.
+        shuffle: ``True`` (shards are permuted, then samples within windows of
+            4 shards, from ``(seed, epoch)``), ``False`` (dataset order), or
+            ``chute.Shuffle(window=N)``.
+        seed: the order's seed (and the transforms' randomness).
         drop_last: drop the last partial step instead of padding it (padding
             repeats the first samples of the epoch's order so that every rank
             gets the same number of batches).
-        transform: called on each sample (a dict, as ``dataset[i]``) in a
-            worker thread; its results are collated with ``collate``.
-        batch_transform: called once on each whole batch, last.
-        collate: list of samples -> batch (default: what ``default_collate`` gives, built
-            sample by sample into reused buffers; see ``chute.pipeline.batch.StreamCollate``).
-        num_threads: worker threads; ``None`` (default): autotuned, starting with one
-            and adding threads while the loop waits for data (docs/observe.md).
-            With ``workers="processes"``: worker processes (default: the CPU
-            count, at most 8; not autotuned).
-        workers: ``"threads"`` (default: the gather and decoding release the GIL)
-            or ``"processes"`` for transforms that hold the GIL: batches are built in
-            spawned processes and come back through a shared-memory ring of
-            ``prefetch`` slots; functions must be module-level. Stopped by
-            ``close()``/``with``, garbage collection or interpreter exit.
-        prefetch: batches in flight ahead of the consumer (default: 2 per thread,
-            then autotuned within ``max_prefetch_bytes``).
-        max_threads: the autotuner's CPU budget (default: the CPUs this process may run on).
-        max_prefetch_bytes: the autotuner's memory budget, bytes of batches in
-            flight (default 512 MiB).
-        rank, world_size: this process's place (default: torch.distributed's).
+        transform: a function of one sample (a dict, as ``dataset[i]``), run in
+            a worker for every sample and collated; or a batch-level transform
+            object (``transform_batch(batch, ctx)``, e.g. ``chute.images``).
+        batch_transform: a function of a whole batch, run last, in the worker.
+        collate: list of samples -> batch (default: as ``default_collate``,
+            built into reused memory).
         on_error: ``"raise"`` (default) or ``"skip"`` samples whose transform raises.
-        device: if set (e.g. ``"cuda"``), batches arrive on it, copied on a side
-            stream ahead of use (``chute.to_device``).
-        stall_timeout: seconds the training loop may wait in ``next()`` for one
-            batch before the hang watchdog reports (stacks of every thread and
-            worker, reads in flight, samples in flight, queue depths; see
-            docs/watchdog.md). ``"auto"`` (default): 300 s for the first batch of a
-            pass, then ``max(60 s, 20 x the 95th percentile of recent waits)``;
-            ``None``: no watchdog.
-        on_stall: ``"warn"`` (default: write the report to stderr and the
-            ``"chute"`` logger, keep waiting, report again a timeout later) or
-            ``"raise"`` (the wait raises :class:`chute.StallError` with the report).
+        columnar: variable-size columns (strings, bytes, maps, JSON, ragged)
+            as Arrow arrays instead of Python objects per sample.
+        device: if set (``"cuda"``, ``"cuda:1"``, ``"cpu"``), batches arrive on
+            it, copied from pinned memory on a side stream ahead of use.
+        workers: ``chute.Workers(...)`` (threads or processes, count, prefetch,
+            budgets), or ``"threads"``, ``"processes"``, or a number of threads.
+            Default: threads, autotuned.
+        rank, world_size: this process's place (default: torch.distributed's).
+        watchdog: the hang watchdog: ``"auto"`` (default), seconds, None (off),
+            or ``chute.Watchdog(timeout=..., on_stall="warn"|"raise")``.
 
-    Each ``iter()`` runs one epoch from the loader's position; an epoch that runs
-    to the end advances ``epoch`` by one (or call ``set_epoch``). Breaking out of
-    a pass and iterating again restarts that epoch unless a state was loaded.
+    Epochs (docs/loader.md): each ``iter()`` runs one pass from the loader's
+    position. A pass whose last batch has been delivered has finished: the
+    epoch advances then, whether or not the loop asks for the end of the
+    iterator. A pass left early restarts at the same place next time.
+    ``set_epoch`` always wins; ``load_state_dict`` sets the position.
     """
 
     def __init__(
@@ -117,105 +112,114 @@ class Loader:
         dataset: Dataset | str | os.PathLike,
         batch_size: int,
         *,
-        shuffle: bool = False,
+        shuffle: bool | Shuffle = False,
         seed: int = 0,
         drop_last: bool = False,
-        transform: Callable[[dict[str, Any]], Any] | None = None,
+        transform: Callable[[dict[str, Any]], Any] | Any | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
         collate: Callable[[list[Any]], Any] | None = None,
-        num_threads: int | None = None,
-        workers: str = "threads",
-        prefetch: int | None = None,
+        on_error: str = "raise",
+        columnar: bool = False,
+        device: Any = None,
+        workers: Workers | str | int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        window: int = DEFAULT_WINDOW,
-        on_error: str = "raise",
-        device: Any = None,
-        stall_timeout: float | str | None = "auto",
-        on_stall: str = "warn",
-        progressive: bool = False,
-        max_threads: int | None = None,
-        max_prefetch_bytes: int | None = None,
-        _counters: bool = True,
+        watchdog: Watchdog | float | str | None = "auto",
+        **unexpected: Any,
     ) -> None:
-        self.dataset, self.order = dataset_and_order(dataset, batch_size, shuffle, seed, window, drop_last)
-        self.batch_size = self.order.batch_size
-        self.fns = BatchFns(transform, batch_transform, collate, on_error)
+        counters_on = unexpected.pop("_counters", True)  # False only to measure the counters' cost
+        refuse_habits(unexpected)
+        batch_size = check_batch_size(batch_size)
+        self.shuffle = check_shuffle(shuffle)
+        seed = check_seed(seed)
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last must be True or False, got {drop_last!r}")
+        self.dataset, self.order = dataset_and_order(dataset, batch_size, self.shuffle, seed, drop_last)
+        self.batch_size = batch_size
+        self.fns = Functions(transform, batch_transform, collate, on_error)
+        self.columnar = bool(columnar)
         self.rank, self.world_size = distributed_defaults(rank, world_size)
-        if workers not in ("threads", "processes"):
-            raise ValueError(f"workers must be 'threads' or 'processes', got {workers!r}")
-        if workers == "processes":
+        self.workers = Workers.of(workers)
+        self.watchdog = Watchdog.of(watchdog)
+        if self.workers.kind == "processes":
             from chute.pipeline.processes import check_picklable
 
             check_picklable(self.fns)  # a lambda fails here, not at the first batch
-        self.workers = workers
-        self.max_threads = max(1, int(max_threads)) if max_threads is not None else cpu_budget()
-        self.max_prefetch_bytes = int(max_prefetch_bytes) if max_prefetch_bytes is not None else DEFAULT_MAX_BYTES
-        if num_threads is not None:
-            self.num_threads = max(1, int(num_threads))
+        self.device = device
+        self._copier_ = None
+        if device is not None:
+            from chute.device import resolve_device
+
+            resolved = resolve_device(device)
+            pin = resolved is not None and resolved.type == "cuda"
+        else:
+            pin = False
+        from chute.pipeline.buffers import BlockPool
+
+        self._pool = BlockPool(pin=pin)
+        self.epoch = 0
+        self._start = 0  # position in the global order where the next pass starts
+        self._explicit = False  # set_epoch / load_state_dict since the current pass began: it wins over the pass's end
+        self._pass: Any = None
+        self._processes = None
+        self._epoch_shards: tuple[int, list[int]] | None = None  # progressive: (epoch, its shards) from a loaded state
+        self.skipped: list[int] = []
+        self._setup_measurement(counters_on)
+        self._setup_storage()
+
+    def _setup_measurement(self, on: bool) -> None:
+        """The always-on counters, the autotuner, the stall history (docs/observe.md)."""
+        from chute.observe.autotune import DEFAULT_MAX_BYTES, Autotuner, Policy
+        from chute.observe.counters import Counters
+        from chute.observe.passes import LoaderMeter, cpu_budget
+        from chute.observe.watchdog import WaitHistory
+
+        w = self.workers
+        self.max_threads = w.max_count if w.max_count is not None else cpu_budget()
+        self.max_prefetch_bytes = w.max_prefetch_bytes if w.max_prefetch_bytes is not None else DEFAULT_MAX_BYTES
+        if w.count is not None:
+            self.num_threads = w.count
         else:  # threads start small and are autotuned; processes are not
-            self.num_threads = 1 if workers == "threads" else min(8, self.max_threads)
-        self.prefetch = max(1, int(prefetch) if prefetch is not None else 2 * self.num_threads)
-        # chute.observe: always-on counters (_counters=False only to measure their cost), the autotuner
-        self.counters = Counters() if _counters else None
+            self.num_threads = 1 if w.kind == "threads" else min(8, self.max_threads)
+        self.prefetch = w.prefetch if w.prefetch is not None else 2 * self.num_threads
+        self.counters = Counters() if on else None
         tuner = None
-        if self.counters is not None and workers == "threads" and (num_threads is None or prefetch is None):
+        if self.counters is not None and w.kind == "threads" and (w.count is None or w.prefetch is None):
             policy = Policy(
                 self.num_threads, self.prefetch, max_threads=self.max_threads, max_bytes=self.max_prefetch_bytes,
-                tune_threads=num_threads is None, tune_depth=prefetch is None,
+                tune_threads=w.count is None, tune_depth=w.prefetch is None,
             )
             tuner = Autotuner(policy, self.counters)
         self._meter = None if self.counters is None else LoaderMeter(self.counters, tuner, getattr(self.dataset, "cache", None))
-        self.device = device
-        self.epoch = 0
-        self._start = 0  # position in the global order where the next pass starts
-        self._pass: _Pass | None = None
-        self._processes = None
-        self._buffers = BufferPool(keep=self.prefetch + 4)
-        if tuner is not None:  # remember as many reusable buffers as batches the autotuner lets be in flight
-            tuner.on_change = lambda threads, depth, buffers=self._buffers: setattr(buffers, "keep", depth + threads + 4)
-        if on_stall not in ("warn", "raise"):
-            raise ValueError(f"on_stall must be 'warn' or 'raise', got {on_stall!r}")
-        self._stall = StallTimeout(stall_timeout)
-        self._waits = WaitHistory()  # the consumer's recent waits, for the adaptive stall timeout
-        self.on_stall = on_stall
+        self._waits = WaitHistory()  # the loop's recent waits, for the adaptive stall timeout
+
+    def _setup_storage(self) -> None:
+        """Progressive mode (a dataset opened with progressive=True), or a check that the cache is big enough."""
         cache = getattr(self.dataset, "cache", None)
         self._progressive = None
-        self._epoch_shards: tuple[int, list[int]] | None = None  # progressive: (epoch, its shards) from a loaded state
-        if progressive:
+        if getattr(self.dataset, "progressive", False):
             from chute.storage.progressive import Progressive
 
-            if workers == "processes":
-                raise ValueError("progressive=True runs with workers='threads'")
+            if self.workers.kind == "processes":
+                raise ValueError("a progressive dataset is read with workers='threads'")
             self._progressive = Progressive(self.dataset, self.order, self.order.seed)
         elif cache is not None and cache.limit is not None:  # a too small cache fails here, not mid-epoch
             from chute.storage.fetcher import check_limit, worst_resident_bytes
 
             # the bound over every epoch, so the minimum it states holds for the whole run
             check_limit(cache, need=worst_resident_bytes(self.order, [s.bytes for s in self.dataset.shards], self.world_size))
-        self.skipped: list[int] = []
-
-    @property
-    def stall_timeout(self) -> float | str | None:
-        """The hang watchdog's timeout (see the class docstring); may be changed between passes."""
-        return self._stall.setting
-
-    @stall_timeout.setter
-    def stall_timeout(self, value: float | str | None) -> None:
-        self._stall = StallTimeout(value)
 
     # ------------------------------------------------------------------ epochs and length
 
     def set_epoch(self, epoch: int) -> None:
-        """Run ``epoch`` next (from its start, unless a loaded state is in this epoch)."""
-        if epoch != self.epoch:
-            self.epoch = int(epoch)
-            self._start = 0
+        """Run ``epoch`` next, from its start (also when called during a pass: it applies to the next one)."""
+        self.epoch, self._start, self._explicit = int(epoch), 0, True
 
     def __len__(self) -> int:
         """Batches the next pass delivers on this rank (progressive: were it to start now)."""
-        if self._pass is not None:
-            return self._pass.order.num_batches(self.world_size, self._pass.start)
+        run = self._pass
+        if run is not None and not run.finished and not run.closed_by_stream:
+            return run.steps
         if self._progressive is not None:
             cache = self.dataset.cache
             rows = sum(s.rows for i, s in enumerate(self.dataset.shards) if cache.cached(i))
@@ -230,15 +234,15 @@ class Loader:
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the consumer is: the epoch and the global position of what it has received."""
-        current = self._pass
-        order = self.order if current is None else current.order
-        if current is None:
-            epoch, consumed = self.epoch, self._start
+        """Where the training loop is: the epoch and the global position of what it has received."""
+        run = self._pass
+        if run is None or run.finished or self._explicit:
+            epoch, consumed, order = self.epoch, self._start, self.order
             shards = self._epoch_shards[1] if self._epoch_shards and self._epoch_shards[0] == epoch else None
         else:
-            epoch, consumed = current.epoch, order.consumed_after(current.received, self.world_size, current.start)
-            shards = current.shards
+            order = run.order
+            epoch, consumed = run.epoch, order.consumed_after(run.received, self.world_size, run.start)
+            shards = run.shards
         if consumed >= order.num_rows and order.num_rows:
             epoch, consumed, shards = epoch + 1, 0, None
         if self._progressive is not None:
@@ -259,7 +263,8 @@ class Loader:
             self.order.check_state({**state, "consumed": 0})
             epoch, shards = int(state["epoch"]), state["progressive_shards"]
             self._epoch_shards = None if shards is None else (epoch, [int(i) for i in shards])
-            self.epoch, self._start, self._pass = epoch, int(state["consumed"]) if shards is not None else 0, None
+            self.epoch, self._start = epoch, int(state["consumed"]) if shards is not None else 0
+            self._explicit = True
             return
         try:
             epoch, consumed = self.order.check_state(state)
@@ -267,120 +272,90 @@ class Loader:
             raise ChuteError(str(exc)) from None
         if consumed >= self.order.num_rows and self.order.num_rows:
             epoch, consumed = epoch + 1, 0
-        self.epoch, self._start, self._pass = epoch, consumed, None
+        self.epoch, self._start, self._explicit = epoch, consumed, True
 
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[Any]:
-        state = _Pass(self.epoch, self._start, self.dataset, self.order)
-        if self._progressive is not None:
-            self._begin_progressive(state)
-        self._pass = state
-        meter = self._meter
-        if meter is not None:
-            meter.start_pass()
-        batches = self._host_batches(state)
-        if self.device is not None:
-            # device="cpu" runs the same device-stage thread and queue as CUDA (minus the copies)
-            from chute.device import DeviceCopier, DevicePrefetcher
+        from chute.pipeline.build import iterate
 
-            timing = None if meter is None else meter.device()
-            batches = DevicePrefetcher(
-                batches if timing is None else timing.source(batches), DeviceCopier(self.device), depth=2,
-                on_copied=None if timing is None else timing.copied,
+        return iterate(self, self.epoch, self._start)
+
+    def _start_pass(self, run: Any) -> None:
+        """Make the stages of ``run`` and start its threads (its stream's first ``next()``)."""
+        from chute.pipeline.build import start
+
+        start(self, run)
+
+    def _begin(self, run: Any) -> None:
+        """A pass starts: the one before it, if still open, stops now."""
+        previous = self._pass
+        if previous is not None and previous is not run and not previous.closed_by_stream:
+            previous.close()
+        self._pass = run
+        self._explicit = False
+
+    def _finished(self, run: Any) -> None:
+        """The last batch of ``run`` is delivered: the next pass runs the next epoch (unless set since)."""
+        if self._pass is run and not self._explicit and not run.advanced:
+            run.advanced = True
+            self.epoch, self._start = run.epoch + 1, 0
+
+    def _ended(self, run: Any) -> None:
+        """The stream of ``run`` has ended (exhausted, left early, failed)."""
+        run.closed_by_stream = True
+        if run.skipped:
+            self.skipped.extend(run.skipped)
+            log.warning(
+                "chute: skipped %d sample(s) whose transform raised in epoch %d (first: %s)",
+                len(run.skipped), run.epoch, run.skipped[:10],
             )
-        if meter is not None:  # times the loop: waiting in next() vs computing between calls
-            batches = meter.timed(batches, state.order.num_batches(self.world_size, state.start))
-        return self._deliver(state, batches)
+        # A pass left early stays the loader's last pass: state_dict() still reports what the loop
+        # received, and the next iter() restarts the epoch from where this pass started.
 
-    def _begin_progressive(self, state: _Pass) -> None:
-        """Progressive mode: this epoch's shards (a snapshot of the cache, or those of a loaded state)."""
-        progressive = self._progressive
-        if self._epoch_shards is not None and self._epoch_shards[0] == state.epoch:
-            shards, view = self._epoch_shards[1], None  # resuming: fetch any that were evicted since
-        else:
-            shards, view = progressive.snapshot()
-            state.start = 0
-        self._epoch_shards = None
-        state.dataset, state.order = progressive.epoch_dataset(shards, view)
-        state.shards = shards
-        if view is not None:
-            from chute.storage.progressive import EpochHolds
+    def _threads_and_depth(self) -> tuple[int, int]:
+        """Worker threads and prefetch depth for a new pass (where the autotuner got to)."""
+        tuner = self._meter.tuner if self._meter is not None else None
+        if tuner is not None:
+            self.num_threads, self.prefetch = tuner.policy.threads, tuner.policy.depth
+        return self.num_threads, self.prefetch
 
-            state.holds = EpochHolds(view, state.order.shard_uses(state.epoch, self.world_size, state.start), progressive.filler)
-        progressive.record(state.epoch, shards)
-
-    def _host_batches(self, state: _Pass) -> Iterator[tuple[int, Any]]:
-        """``(step, batch)`` for every step of the pass, built by the workers."""
-        steps = range(state.order.num_batches(self.world_size, state.start))
-        fetcher = self._fetcher(state)
-        if self.workers == "processes":
-            results = self._process_pool().map(state.epoch, state.start, steps)
-            pool = None
-        else:
-            task = _Task(state.dataset, state.order, self.fns, state.epoch, state.start, self.rank, self.world_size, self._buffers)
-            task.fetcher = fetcher
-            meter = self._meter
-            if meter is not None and meter.tuner is not None:  # start where the autotuner got to
-                self.num_threads, self.prefetch = meter.tuner.policy.threads, meter.tuner.policy.depth
-                self._buffers.keep = self.prefetch + self.num_threads + 4
-            task.counters = self.counters
-            workers = None if self.counters is None else self.counters.stage("workers")
-            pool = OrderedPool(task, self.num_threads, self.prefetch, name=f"chute-loader-r{self.rank}", stage=workers)
-            if meter is not None:
-                meter.attach(pool)
-            state.task, state.pool = task, pool  # for the hang watchdog's report
-            results = pool.map(steps)
-        finalizer = weakref.finalize(self, pool.close) if pool is not None else None
-        stalled = False
-        try:
-            for step, loaded in zip(steps, results):
-                state.skipped.extend(loaded.skipped)
-                if self._meter is not None:
-                    self._meter.produced(step, loaded, self.workers == "processes", self.num_threads)
-                if fetcher is not None:
-                    fetcher.received(step)  # the batch is a copy: its shards may go
-                yield step, loaded.batch
-        except StallError:
-            stalled = True  # the watchdog gave up on a stuck task: do not wait for its thread
-            raise
-        finally:
-            if fetcher is not None:
-                fetcher.close()
-            close = getattr(results, "close", None)
-            if close is not None:
-                close()  # a process pool's pass: cancel what it has queued
-            if pool is not None:
-                finalizer.detach()
-                stuck = pool.close(timeout=0.1 if stalled else 5.0)
-                if stuck:
-                    log.warning("chute: %d loader thread(s) still busy after shutdown: %s", len(stuck), [t.name for t in stuck])
-
-    def _fetcher(self, state: _Pass):
-        """For a remote dataset: the downloader that keeps this pass's shards coming, ahead of use."""
-        if state.holds is not None:
-            return state.holds  # progressive: the epoch's shards are held since its snapshot
-        cache = getattr(state.dataset, "cache", None)
-        if cache is None:
+    def _watch(self) -> Any:
+        """The hang watchdog of a new pass (None when off)."""
+        if self.watchdog is None:
             return None
-        from chute.storage.fetcher import Fetcher
+        from chute.observe.watchdog import StallWatch
 
-        uses = state.order.shard_uses(state.epoch, self.world_size, state.start)
-        return Fetcher(cache, uses, threads=cache.remote.parallel, name=f"chute-fetch-r{self.rank}")
+        return StallWatch(self.watchdog.timeout, self.watchdog.on_stall, self._waits, self.describe_pass)
 
-    def _process_pool(self):
+    def describe_pass(self, run: Any) -> Any:
+        from chute.observe.watchdog import LoaderProbe
+
+        return LoaderProbe(self, run).details()
+
+    def _copier(self) -> Any:
+        if self._copier_ is None:
+            from chute.device import DeviceCopier
+
+            self._copier_ = DeviceCopier(self.device)
+        return self._copier_
+
+    def _process_pool(self) -> Any:
         """The worker processes (started on first use, kept across epochs until ``close``)."""
         if self._processes is None:
             from chute.pipeline.processes import ProcessPool
 
             self._processes = ProcessPool(
-                self.dataset, self.order, self.fns, self.rank, self.world_size, workers=self.num_threads, depth=self.prefetch
+                self.dataset, self.order, self.fns, self.rank, self.world_size, workers=self.num_threads,
+                depth=self.prefetch, columnar=self.columnar, blocks=self._pool, counters=self.counters,
             )
             self._processes_finalizer = weakref.finalize(self, self._processes.close)
         return self._processes
 
     def close(self) -> None:
         """Stop worker processes, if any (threads stop at the end of each pass), and a progressive filler."""
+        if self._pass is not None:
+            self._pass.close()
         if self._progressive is not None:
             self._progressive.close()
         if self._processes is not None:
@@ -396,8 +371,8 @@ class Loader:
 
     # ------------------------------------------------------------------ measurement (docs/observe.md)
 
-    def report(self, since: str = "pass") -> Report:
-        """Why the training loop waits for data, if it does: a :class:`chute.observe.Report`.
+    def report(self, since: str = "pass") -> Any:
+        """Why the training loop waits for data, if it does: a :class:`chute.observe.report.Report`.
 
         Covers the last pass (the pass in progress, while it runs), or with
         ``since="start"`` the loader's whole life. ``print(loader.report())``
@@ -411,122 +386,23 @@ class Loader:
             "prefetch": tuner.policy.depth if tuner is not None else self.prefetch,
             "autotune": tuner is not None,
             "tuned": [] if tuner is None else [n for n, on in (("threads", tuner.policy.tune_threads), ("prefetch", tuner.policy.tune_depth)) if on],
-            "workers": self.workers,
+            "workers": self.workers.kind,
             "max_threads": self.max_threads,
             "max_prefetch_bytes": self.max_prefetch_bytes,
         }
-        return self._meter.report(settings, self.max_threads, self.workers, since)
+        return self._meter.report(settings, self.max_threads, self.workers.kind, since)
 
     def trace(self, path: str | os.PathLike, batches: int | None = None) -> str:
-        """Write a Chrome trace (Perfetto, chrome://tracing) of the last batches to ``path``; return the path.
-
-        One track per thread (workers, device copier, the training loop) with a
-        span per stage and batch; ``batches`` limits it to the last so many
-        steps (default: all the ring holds, a few hundred batches).
-        """
+        """Write a Chrome trace (Perfetto, chrome://tracing) of the last batches to ``path``; return the path."""
         if self.counters is None:
             raise ChuteError("this Loader was made with _counters=False: it has no trace to write")
         from chute.observe.trace import write_trace
 
         return write_trace(self.counters, path, batches)
 
-    def _deliver(self, state: _Pass, batches: Iterator[tuple[int, Any]]) -> Iterator[Any]:
-        watchdog = None
-        if self._stall.enabled:
-            watchdog = Watchdog(self._stall, self._waits, self.on_stall, LoaderProbe(self, state), name=f"chute-watchdog-r{self.rank}")
-            watchdog.start()
-            watchdog.waiting()
-        try:
-            for step, batch in batches:
-                state.received = step + 1
-                if batch is not None:
-                    if watchdog is not None:
-                        watchdog.delivered()
-                    yield batch
-                    if watchdog is not None:
-                        watchdog.waiting()
-        finally:
-            if watchdog is not None:
-                watchdog.stop()
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
-            if state.skipped:
-                self.skipped.extend(state.skipped)
-                log.warning(
-                    "chute: skipped %d sample(s) whose transform raised in epoch %d (first: %s)",
-                    len(state.skipped), state.epoch, state.skipped[:10],
-                )
-        if state.received == state.order.num_batches(self.world_size, state.start) and self._pass is state:
-            self.epoch, self._start, self._pass = state.epoch + 1, 0, None
-
     def __repr__(self) -> str:
         return (
-            f"chute.Loader({self.dataset.root!r}, batch_size={self.batch_size}, shuffle={self.order.shuffle}, "
-            f"rank={self.rank}/{self.world_size}, threads={self.num_threads}, prefetch={self.prefetch})"
+            f"chute.Loader({getattr(self.dataset, 'root', self.dataset)!r}, batch_size={self.batch_size}, "
+            f"shuffle={self.order.shuffle}, rank={self.rank}/{self.world_size}, workers={self.workers.kind}, "
+            f"threads={self.num_threads}, prefetch={self.prefetch})"
         )
-
-
-class _Pass:
-    """Progress of one iteration over an epoch."""
-
-    __slots__ = ("epoch", "start", "received", "skipped", "task", "pool", "dataset", "order", "holds", "shards")
-
-    def __init__(self, epoch: int, start: int, dataset: Dataset, order: Order) -> None:
-        self.epoch = epoch
-        self.start = start
-        self.dataset, self.order = dataset, order  # progressive: this epoch's subset
-        self.holds = None  # progressive: the holds on the epoch's shards
-        self.shards: list[int] | None = None  # progressive: the epoch's shards
-        self.received = 0
-        self.skipped: list[int] = []
-        self.task: _Task | None = None  # threads mode: the batch task and its pool (for the watchdog)
-        self.pool: OrderedPool | None = None
-
-
-class _Task:
-    """Builds batch ``step`` of one pass (runs in a worker thread)."""
-
-    def __init__(
-        self, dataset: Dataset, order: Order, fns: BatchFns, epoch: int, start: int, rank: int, world_size: int, buffers: BufferPool
-    ) -> None:
-        self.dataset, self.order, self.fns = dataset, order, fns
-        self.epoch, self.start, self.rank, self.world_size = epoch, start, rank, world_size
-        self.buffers = buffers
-        self.running: dict[int, tuple[np.ndarray, int, float]] = {}  # step -> (indices, thread id, since): for the watchdog
-        self.fixed = [
-            (name, tuple(ctype.shape) if isinstance(ctype, Tensor) else (), torch_dtype(ctype.dtype))
-            for name, ctype in dataset.schema
-            if isinstance(ctype, FIXED_SIZE)
-        ]
-
-    fetcher = None  # a remote dataset's downloader: wait until the batch's shards are in the cache
-    counters: Counters | None = None  # where the task counts its time (chute.observe.counters)
-
-    def indices(self, step: int) -> np.ndarray:
-        return self.order.batch(self.epoch, step, self.rank, self.world_size, self.start)
-
-    def __call__(self, step: int) -> Loaded:
-        counters = self.counters
-        clock = time.perf_counter_ns
-        began = clock() if counters is not None else 0
-        indices = self.indices(step)
-        ordered = clock() if counters is not None else 0
-        self.running[step] = (indices, threading.get_ident(), time.monotonic())
-        try:
-            fetch_wait = 0
-            if self.fetcher is not None:
-                shards = np.unique(np.searchsorted(self.dataset.offsets, indices, side="right") - 1)
-                waiting = clock()
-                self.fetcher.wait(step, shards.tolist())
-                fetch_wait = clock() - waiting  # counted as the read stage waiting on its input
-            out = {name: self.buffers.take((len(indices), *shape), dtype) for name, shape, dtype in self.fixed}
-            if counters is None:
-                return load_batch(self.dataset, indices, self.fns, out=out, timed=False, buffers=self.buffers)
-            read = counters.stage("read").cell()
-            waited = read.wait_in_ns  # the storage layer may count waits inside get_batch here
-            loaded = load_batch(self.dataset, indices, self.fns, out=out, buffers=self.buffers)
-            record_batch(counters, step, len(indices), loaded, (began, ordered), fetch_wait, read.wait_in_ns - waited)
-            return loaded
-        finally:
-            del self.running[step]

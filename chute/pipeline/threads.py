@@ -1,98 +1,79 @@
-"""An ordered, bounded thread pool: tasks go in in order, results come out in order.
+"""The thread executor: batch tasks on worker threads, results into the pass's channel.
 
-The unit of work is a whole batch (DESIGN.md decision 2), so the per-task cost
-(a queue put, a future, a wake-up) is paid once per batch, not per sample.
+The consumer submits steps (``submit``) at most ``depth`` ahead of what it has
+taken; each worker takes the next step from a queue, runs the batch task and
+puts the result into the step's slot of the :class:`Channel` (an exception
+goes in as a ``Failure``, re-raised by the consumer at that step). Per batch
+that is one queue get and one lock release on the worker's side, one queue
+put on the consumer's: no ``Future``, no Python-level synchronisation.
+
 Threads are daemons: a task stuck in a read cannot keep the interpreter from
-exiting (``concurrent.futures`` joins its threads at exit and would hang).
-
-The autotuner changes the pool while it runs: ``resize`` starts threads or
-retires some (a retired thread finishes its current task, then exits), and
-``depth`` (results in flight ahead of the consumer) may be set at any time.
-With a ``stage`` (``chute.observe.counters.Stage``) each thread counts its time
-in tasks (busy) and waiting for one (``wait_out``: idle because the consumer
-has not taken results, so no task was submitted).
+exiting. The autotuner changes the executor while it runs: ``resize`` starts
+threads or retires some (a retired thread finishes its task, then exits) and
+``depth`` may change at any time (up to the channel's slots). Each thread
+counts its time in tasks (``workers`` stage busy) and waiting for one
+(``wait_out``: the consumer had not taken results, so no step was submitted).
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, InvalidStateError
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from chute.pipeline.channel import Channel, Failure
 
 if TYPE_CHECKING:
     from chute.observe.counters import Stage
+    from chute.pipeline.task import BatchTask
 
-T = TypeVar("T")
-R = TypeVar("R")
-
-_STOP = object()  # every thread exits
-_RETIRE = object()  # the one thread that takes it exits
-
-#: Every how many results the consumer counts the finished ones waiting (for ``min_ready``).
-_READY_EVERY = 4
+_STOP = -1  # every thread exits
+_RETIRE = -2  # the one thread that takes it exits
 
 
-def _work(tasks: queue.SimpleQueue, stage: Stage | None) -> None:
+def _work(tasks: queue.SimpleQueue, task: BatchTask, channel: Channel, stage: Stage | None) -> None:
     clock = time.perf_counter_ns
+    get, put = tasks.get, channel.put
+    w = task.register(threading.get_ident())
     cell = stage.cell() if stage is not None else None
+    idle = clock()
     while True:
-        if cell is None:
-            item = tasks.get()
-        else:
-            idle = clock()
-            item = tasks.get()
-            start = clock()
-            cell.wait_out_ns += start - idle
-        if item is _STOP or item is _RETIRE:
+        step = get()
+        if step < 0:
             return
-        future, fn, arg = item
-        if not future.set_running_or_notify_cancel():
-            continue
+        start = clock()
         try:
-            result = fn(arg)
-        except BaseException as exc:  # delivered to the consumer, in order
-            try:
-                future.set_exception(exc)
-            except InvalidStateError:  # already failed by interrupt()
-                pass
-        else:
-            try:
-                future.set_result(result)
-            except InvalidStateError:
-                pass
+            item, end = task(step, start, w)
+        except BaseException as exc:  # delivered to the consumer at its step
+            item, end = Failure(exc), clock()
+        put(step, item)
+        item = None  # do not keep the last batch alive while idle
         if cell is not None:
-            cell.busy_ns += clock() - start
+            cell.wait_out_ns += start - idle
+            cell.busy_ns += end - start
             cell.items += 1
-        del item, future, arg  # do not keep the last batch alive while idle
-        result = None
+            idle = end
 
 
-class OrderedPool(Generic[T, R]):
-    """Runs ``fn`` over items on ``threads`` daemon threads, at most ``depth`` ahead."""
+class ThreadExecutor:
+    """Runs ``task`` for submitted steps on ``threads`` daemon threads, results into ``channel``."""
 
     def __init__(
-        self, fn: Callable[[T], R], threads: int, depth: int, name: str = "chute-worker", stage: Stage | None = None
+        self, task: BatchTask, channel: Channel, threads: int, depth: int, name: str = "chute-loader", stage: Stage | None = None
     ) -> None:
         if threads < 1 or depth < 1:
             raise ValueError(f"threads and depth must be at least 1, got {threads} and {depth}")
-        self.fn = fn
-        self.depth = depth
-        self.name = name
+        self.task, self.channel, self.name = task, channel, name
+        self.depth = min(depth, channel.slots)
         self._stage = stage
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.submit = self._tasks.put  # the consumer's one call per batch
         self._numbers = itertools.count()
         self._threads: list[threading.Thread] = []  # running, not retired
         self._retired: list[threading.Thread] = []  # told to exit, maybe still finishing a task
-        self._pending: collections.deque[Future] = collections.deque()
         self._closed = False
-        self._waiting: Future | None = None  # the result the consumer is waiting for
-        self._taken = 0
-        self._min_ready: int | None = None
         self.resize(threads)
 
     @property
@@ -101,18 +82,15 @@ class OrderedPool(Generic[T, R]):
         return len(self._threads)
 
     def resize(self, threads: int) -> None:
-        """Run ``threads`` threads from now on: start new ones, or retire the newest ones.
-
-        A retired thread exits after the task it is running (tasks are never
-        interrupted); ``close`` joins it.
-        """
+        """Run ``threads`` threads from now on: start new ones, or retire the newest ones."""
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         if self._closed:
             return
         while len(self._threads) < threads:
             thread = threading.Thread(
-                target=_work, args=(self._tasks, self._stage), name=f"{self.name}-{next(self._numbers)}", daemon=True
+                target=_work, args=(self._tasks, self.task, self.channel, self._stage),
+                name=f"{self.name}-{next(self._numbers)}", daemon=True,
             )
             thread.start()
             self._threads.append(thread)
@@ -123,92 +101,28 @@ class OrderedPool(Generic[T, R]):
         if self._stage is not None:
             self._stage.workers = len(self._threads)
 
-    def map(self, items: Iterable[T]) -> Iterator[R]:
-        """Results of ``fn`` over ``items``, in order; an exception is raised at its item."""
-        items = iter(items)
-        exhausted = False
-        pending = self._pending
-        while True:
-            while not exhausted and len(pending) < self.depth:
-                try:
-                    item = next(items)
-                except StopIteration:
-                    exhausted = True
-                    break
-                future: Future = Future()
-                pending.append(future)
-                self._tasks.put((future, self.fn, item))
-            if not pending:
-                return
-            self._taken += 1
-            if self._taken % _READY_EVERY == 0:
-                self._count_ready()
-            yield self._take()
+    def set_depth(self, depth: int) -> None:
+        self.depth = max(1, min(depth, self.channel.slots))
 
-    def _take(self) -> R:
-        """Wait for the result at the head (interrupt() can fail that wait)."""
-        future = self._waiting = self._pending.popleft()
-        try:
-            return future.result()
-        finally:
-            self._waiting = None
+    def close(self, timeout: float = 5.0, broken: bool = False) -> list[threading.Thread]:
+        """Stop the threads once their current task is done; return those still busy after ``timeout``.
 
-    def interrupt(self, exc: BaseException) -> bool:
-        """Make the consumer's current wait for a result raise ``exc`` (the hang watchdog's ``on_stall="raise"``).
-
-        The task itself cannot be stopped: its thread stays busy until it
-        returns, and its result is dropped. False if the consumer is not waiting.
+        Steps submitted and not started are not run (their results would be dropped).
+        ``broken`` (a stalled pass) changes nothing for threads: one stuck in a
+        task cannot be stopped, and is left behind as a daemon.
         """
-        future = self._waiting
-        if future is None:
-            return False
-        try:
-            future.set_exception(exc)
-        except InvalidStateError:  # it finished meanwhile
-            return False
-        return True
-
-    def _count_ready(self) -> None:
-        """Note how many finished results wait at the front of the queue (the head included)."""
-        ready = 0
-        for future in self._pending:
-            if not future.done():
-                break
-            ready += 1
-        if self._min_ready is None or ready < self._min_ready:
-            self._min_ready = ready
-
-    def take_min_ready(self) -> int | None:
-        """The fewest finished results seen waiting when the consumer took one, since the last call.
-
-        0 means the consumer had to wait at least once; ``depth`` means the
-        queue never drained. ``None`` if not sampled since.
-        """
-        value, self._min_ready = self._min_ready, None
-        return value
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
-
-    def close(self, timeout: float = 5.0) -> list[threading.Thread]:
-        """Cancel queued tasks and stop the threads; return those still busy after ``timeout``."""
         if self._closed:
             return []
         self._closed = True
-        for future in self._pending:
-            future.cancel()
-        self._pending.clear()
-        for _ in self._threads:
+        while True:  # drop what is queued, so every thread sees its stop at once
+            try:
+                self._tasks.get_nowait()
+            except queue.Empty:
+                break
+        everyone = self._threads + [t for t in self._retired if t.is_alive()]
+        for _ in everyone:  # (a retired thread's own sentinel may have been drained above)
             self._tasks.put(_STOP)
         deadline = time.monotonic() + timeout
-        everyone = self._threads + self._retired
         for thread in everyone:
             thread.join(max(0.0, deadline - time.monotonic()))
         return [t for t in everyone if t.is_alive()]
-
-    def __enter__(self) -> OrderedPool[T, R]:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

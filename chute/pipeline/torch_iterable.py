@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from chute.format.reader import Dataset
-from chute.order import DEFAULT_WINDOW
-from chute.pipeline.batch import BatchFns, load_batch
+from chute.pipeline.config import Shuffle, check_batch_size, check_seed, check_shuffle
 from chute.pipeline.loader import dataset_and_order, distributed_defaults
+from chute.pipeline.transform import Functions, Transform
 
 
 class TorchIterable(torch.utils.data.IterableDataset):
@@ -35,7 +35,7 @@ class TorchIterable(torch.utils.data.IterableDataset):
         dataset: Dataset | str | os.PathLike,
         batch_size: int,
         *,
-        shuffle: bool = False,
+        shuffle: bool | Shuffle = False,
         seed: int = 0,
         drop_last: bool = False,
         transform: Callable[[dict[str, Any]], Any] | None = None,
@@ -43,11 +43,10 @@ class TorchIterable(torch.utils.data.IterableDataset):
         collate: Callable[[list[Any]], Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        window: int = DEFAULT_WINDOW,
         on_error: str = "raise",
     ) -> None:
-        self.dataset, self.order = dataset_and_order(dataset, batch_size, shuffle, seed, window, drop_last)
-        self.fns = BatchFns(transform, batch_transform, collate, on_error)
+        self.dataset, self.order = dataset_and_order(dataset, check_batch_size(batch_size), check_shuffle(shuffle), check_seed(seed), drop_last)
+        self.fns = Functions(transform, batch_transform, collate, on_error)
         self.rank, self.world_size = distributed_defaults(rank, world_size)
         self.epoch = 0
 
@@ -60,8 +59,13 @@ class TorchIterable(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        # fresh tensors (no reused blocks): the DataLoader moves them to shared memory to send them
+        transform = None if self.fns.identity else Transform(self.fns, self.dataset, None, self.order.seed)
+        progress = [-1]
         for step in range(worker, len(self), workers):
             indices = self.order.batch(self.epoch, step, self.rank, self.world_size)
-            loaded = load_batch(self.dataset, indices, self.fns)
-            if loaded.batch is not None:
-                yield loaded.batch
+            batch = self.dataset.get_batch(indices)
+            if transform is not None:
+                batch, _ = transform(batch, indices, self.epoch, progress, 0)
+            if batch is not None:
+                yield batch

@@ -18,7 +18,7 @@ from typing import Any
 
 import chute
 from chute.errors import SchemaError
-from chute.format.reader import open_dataset
+from chute.storage.open import open_dataset
 from chute.format.schema import ColumnType, Schema
 from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE, Writer
 from chute.sources._progress import Progress

@@ -173,6 +173,9 @@ class ShardCache:
     def __repr__(self) -> str:
         return f"ShardCache({self.remote.url!r} in {self.dir!r}, limit={self.limit})"
 
+    def __reduce__(self):  # a worker process gets its own view of the same node cache
+        return (type(self), (self.remote, self.manifest, self.cache_dir, self.limit))
+
     # ------------------------------------------------------------------ paths and state
 
     def path(self, i: int) -> str:

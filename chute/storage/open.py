@@ -1,4 +1,11 @@
-"""Opening a dataset that lives in remote storage (or whose shards are stored compressed)."""
+"""``chute.open``: a dataset from a local directory or a URL (remote shards are read through the node cache).
+
+Storage decides where a dataset's shards come from; the reader
+(``chute.format.reader``) only maps the local files it is given. A local
+dataset's shards are its own files; a remote one's (or one whose shards are
+stored compressed) come through a :class:`chute.storage.cache.ShardCache`,
+which the reader uses as its shard source.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,92 @@ from collections.abc import Mapping
 from typing import Any
 
 from chute._sizes import parse_size
-from chute.errors import ManifestError
-from chute.format.manifest import MANIFEST_NAME, parse_manifest
+from chute.errors import ManifestError, ShardError
+from chute.format.manifest import MANIFEST_NAME, local_path, parse_manifest
 from chute.format.reader import Dataset
 from chute.storage.cache import ShardCache
-from chute.storage.remote import NotFound, Remote, RetryPolicy
+from chute.storage.remote import NotFound, Remote, RetryPolicy, is_remote
+
+
+def open_dataset(
+    path: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    retries: int | None = None,
+    progressive: bool = False,
+) -> Dataset:
+    """Open the chute dataset at ``path``: a local directory holding ``manifest.json``, or a URL.
+
+    A local dataset's shards are memory-mapped where they are. A remote one
+    (``s3://``, ``gs://``, ``http(s)://``, any fsspec URL) has its manifest read
+    now and its shards downloaded into the node cache ``cache_dir`` (default
+    ``$CHUTE_CACHE_DIR`` or ``~/.cache/chute``) as they are needed, never holding
+    more than ``cache_limit`` bytes there (a number or a string such as
+    ``"20GB"``; default: no limit). ``storage_options`` go to fsspec (e.g.
+    ``{"client_kwargs": {"endpoint_url": ...}}`` for an S3-compatible store).
+    A request that fails transiently (timeout, reset connection, HTTP 5xx,
+    throttling) is tried up to ``retries`` times in all (default 8, about 20 s
+    of backoff) before a :class:`chute.RemoteError` names the URL and the errors.
+
+    ``progressive=True`` (a remote dataset with a ``cache_limit``): each
+    epoch of a Loader covers the shards in the cache when it starts, while a
+    background filler keeps rotating new shards in (docs/remote.md).
+
+    Validates the manifest and, for a local dataset, that every shard exists with
+    the size it lists; checksums are checked by :meth:`Dataset.verify` (and on
+    every download).
+    """
+    if progressive:
+        if not is_remote(os.fspath(path)):
+            raise ValueError(
+                f"progressive=True needs a remote dataset with a node cache; {os.fspath(path)} is local "
+                "(all of it is there already: open it without progressive)"
+            )
+        if cache_limit is None:
+            raise ValueError(
+                f"progressive=True needs a cache_limit (chute.open({os.fspath(path)!r}, progressive=True, cache_limit=...)): "
+                "the mode trains on what fits in the cache while it rotates"
+            )
+        ds = open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries)
+        ds.progressive = True
+        return ds
+    if is_remote(os.fspath(path)):
+        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries)
+    root = os.path.abspath(local_path(path, "open"))
+    manifest_path = os.path.join(root, MANIFEST_NAME)
+    if not os.path.isdir(root):
+        raise ManifestError(f"{root} does not exist or is not a directory; a chute dataset is a directory with a {MANIFEST_NAME}")
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ManifestError(
+            f"{root} has no {MANIFEST_NAME}: it is not a chute dataset, or its writer did not "
+            "finish (the manifest is written last). Write the dataset again"
+        ) from None
+    manifest = parse_manifest(text, manifest_path)
+    if any(info.compression for info in manifest.shards):  # compressed shards are read through the cache
+        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries)
+    real_root = os.path.realpath(root)
+    for info in manifest.shards:
+        path_i = os.path.join(root, *info.file.split("/"))
+        real = os.path.realpath(path_i)
+        if os.path.commonpath([real, real_root]) != real_root:
+            raise ManifestError(f"{manifest_path}: shard {info.file} resolves outside the dataset root ({real}); chute refuses to read it")
+        try:
+            size = os.path.getsize(path_i)
+        except FileNotFoundError:
+            raise ShardError(
+                f"dataset {root}: shard {info.file} is missing; the dataset is incomplete: write or download it again"
+            ) from None
+        if size != info.bytes:
+            raise ShardError(
+                f"dataset {root}: shard {info.file} is {size} bytes but the manifest says {info.bytes}; "
+                "it is truncated or was replaced: write or download the dataset again"
+            )
+    return Dataset(root, manifest, text)
 
 
 def open_remote(

@@ -154,7 +154,7 @@ def live_threads() -> int:
 def test_converges_to_the_thread_count_computed_by_hand(ds, caplog):
     # A batch costs one thread 8 x 2 ms = 16 ms; the loop takes one every 5 ms: ceil(16 / 5) = 4 threads.
     expected = -(-BATCH * SAMPLE_S // STEP_S)
-    loader = chute.Loader(ds, BATCH, transform=decode, max_threads=8)
+    loader = chute.Loader(ds, BATCH, transform=decode, workers=chute.Workers(max_count=8))
     with caplog.at_level(logging.INFO, logger="chute"):
         for _ in loader:
             time.sleep(STEP_S)
@@ -176,7 +176,7 @@ def test_converges_to_the_thread_count_computed_by_hand(ds, caplog):
 def test_never_exceeds_its_thread_and_memory_budgets(ds):
     row_bytes = 4 * 4 + 8  # float32[4] + int64 id
     budget = 3 * BATCH * row_bytes  # three batches in flight
-    loader = chute.Loader(ds, BATCH, transform=decode, max_threads=2, max_prefetch_bytes=budget)
+    loader = chute.Loader(ds, BATCH, transform=decode, workers=chute.Workers(max_count=2, max_prefetch_bytes=budget))
     worst_threads = worst_in_flight = 0
     for i, _ in enumerate(loader):
         pool = loader._pass.pool

@@ -77,7 +77,7 @@ def test_a_loader_counts_every_stage_exactly(ds):
         sample["x"] = sample["x"] * 2
         return sample
 
-    loader = chute.Loader(ds, BATCH, shuffle=True, seed=1, transform=tag, num_threads=2)
+    loader = chute.Loader(ds, BATCH, shuffle=True, seed=1, transform=tag, workers=2)
     seen = sum(len(b["id"]) for b in loader)
     assert seen == N
     report = loader.report()
@@ -98,7 +98,7 @@ def test_a_loader_counts_every_stage_exactly(ds):
 
 
 def test_a_second_pass_reports_only_itself_and_since_start_covers_both(ds):
-    loader = chute.Loader(ds, BATCH, num_threads=1)
+    loader = chute.Loader(ds, BATCH, workers=1)
     list(loader)
     for i, _ in enumerate(loader):
         if i == 9:
@@ -113,7 +113,7 @@ def test_a_second_pass_reports_only_itself_and_since_start_covers_both(ds):
 
 
 def test_device_stage_is_counted(ds):
-    loader = chute.Loader(ds, BATCH, num_threads=1, device="cpu")
+    loader = chute.Loader(ds, BATCH, workers=1, device="cpu")
     assert sum(len(b["id"]) for b in loader) == N
     device = loader.report().stages["device"]
     assert device.items == N
@@ -128,7 +128,7 @@ def _double(sample):
 
 
 def test_worker_processes_report_their_busy_time(ds):
-    with chute.Loader(ds, BATCH, transform=_double, workers="processes", num_threads=2) as loader:
+    with chute.Loader(ds, BATCH, transform=_double, workers=chute.Workers("processes", count=2)) as loader:
         assert sum(len(b["id"]) for b in loader) == N
         report = loader.report()
     assert report.samples == N
@@ -139,8 +139,8 @@ def test_worker_processes_report_their_busy_time(ds):
 
 
 def test_counters_off_gives_the_same_batches_and_no_report(ds):
-    on = chute.Loader(ds, BATCH, shuffle=True, seed=4, num_threads=2)
-    off = chute.Loader(ds, BATCH, shuffle=True, seed=4, num_threads=2, _counters=False)
+    on = chute.Loader(ds, BATCH, shuffle=True, seed=4, workers=2)
+    off = chute.Loader(ds, BATCH, shuffle=True, seed=4, workers=2, _counters=False)
     assert [b["id"].tolist() for b in on] == [b["id"].tolist() for b in off]
     assert off.counters is None
     with pytest.raises(ChuteError, match="_counters=False"):
@@ -148,7 +148,7 @@ def test_counters_off_gives_the_same_batches_and_no_report(ds):
 
 
 def test_trace_is_a_chrome_trace_of_the_last_batches(ds, tmp_path):
-    loader = chute.Loader(ds, BATCH, num_threads=2, device="cpu")
+    loader = chute.Loader(ds, BATCH, workers=2, device="cpu")
     list(loader)
     path = loader.trace(tmp_path / "trace.json")
     doc = json.loads(open(path).read())

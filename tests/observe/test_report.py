@@ -48,7 +48,7 @@ def slow_collate(samples):
 
 
 def test_a_slow_transform_is_named_with_a_what_if(ds):
-    loader = chute.Loader(ds, BATCH, transform=slow_sample, num_threads=1, max_threads=4)
+    loader = chute.Loader(ds, BATCH, transform=slow_sample, workers=chute.Workers(count=1, max_count=4))
     for _ in loader:
         pass  # no compute: the loop waits for every batch
     report = loader.report()
@@ -66,7 +66,7 @@ def test_a_slow_transform_is_named_with_a_what_if(ds):
 
 
 def test_a_slow_collate_is_named(ds):
-    loader = chute.Loader(ds, BATCH, collate=slow_collate, num_threads=2, max_threads=2)
+    loader = chute.Loader(ds, BATCH, collate=slow_collate, workers=chute.Workers(count=2, max_count=2))
     list(loader)
     report = loader.report()
     assert report.bottleneck_stage == "transform"
@@ -76,7 +76,7 @@ def test_a_slow_collate_is_named(ds):
 
 
 def test_a_loop_slower_than_its_data_is_not_data_bound(ds):
-    loader = chute.Loader(ds, BATCH, num_threads=1)
+    loader = chute.Loader(ds, BATCH, workers=1)
     for _ in loader:
         time.sleep(0.02)  # long enough that the first batch's start-up wait stays well under 5% of the pass
     report = loader.report()
@@ -94,7 +94,7 @@ def fail_on_multiples_of_7(sample):
 
 
 def test_to_json_has_every_key_and_counts_skipped_samples(ds):
-    loader = chute.Loader(ds, BATCH, transform=fail_on_multiples_of_7, on_error="skip", num_threads=2, prefetch=4)
+    loader = chute.Loader(ds, BATCH, transform=fail_on_multiples_of_7, on_error="skip", workers=chute.Workers(count=2, prefetch=4))
     delivered = sum(len(b["id"]) for b in loader)
     data = loader.report().to_json()
     assert KEYS <= set(data)
@@ -254,7 +254,7 @@ def test_a_remote_dataset_waiting_on_downloads_is_blamed_on_fetch(tmp_path):
     with FaultyHTTPServer(tmp_path) as server:
         server.throttle(503, times=2, retry_after=1, pattern=r"shard")  # two shards arrive a second late
         remote = chute.open(server.url + "ds", cache_dir=tmp_path / "cache")
-        loader = chute.Loader(remote, 50, shuffle=True, num_threads=2)
+        loader = chute.Loader(remote, 50, shuffle=True, workers=2)
         assert sum(len(b["id"]) for b in loader) == 2000
         report = loader.report()
     assert report.bottleneck_stage == "fetch"

@@ -57,7 +57,7 @@ def _blocker():
 def test_raise_names_the_transform_frame_and_the_stuck_sample(ds, device):
     transform, release, line = _blocker()
     loader = chute.Loader(
-        ds, BATCH, transform=transform, num_threads=1, prefetch=2, stall_timeout=1.0, on_stall="raise", device=device
+        ds, BATCH, transform=transform, workers=chute.Workers(count=1, prefetch=2), watchdog=chute.Watchdog(1.0, on_stall="raise"), device=device
     )
     received = []
     try:
@@ -97,7 +97,7 @@ def test_warn_reports_to_stderr_and_the_log_then_the_loop_completes(ds, capsys):
     logger = logging.getLogger("chute")
     logger.addHandler(handler)
     try:
-        loader = chute.Loader(ds, BATCH, transform=transform, num_threads=2, stall_timeout=1.0)  # on_stall="warn" by default
+        loader = chute.Loader(ds, BATCH, transform=transform, workers=2, watchdog=1.0)  # on_stall="warn" by default
         labels = [label for batch in loader for label in batch["label"].tolist()]
     finally:
         logger.removeHandler(handler)
@@ -113,21 +113,21 @@ def test_warn_reports_to_stderr_and_the_log_then_the_loop_completes(ds, capsys):
 
 def test_a_slow_training_loop_is_not_a_stall(ds, capsys):
     """Time the loop spends between next() calls is its own: only the wait inside next() counts."""
-    loader = chute.Loader(ds, 20, num_threads=1, stall_timeout=0.5, on_stall="raise")
+    loader = chute.Loader(ds, 20, workers=1, watchdog=chute.Watchdog(0.5, on_stall="raise"))
     for _ in loader:
         time.sleep(0.7)  # longer than the timeout, but the loader is not waited on
     assert "STALL" not in capsys.readouterr().err
 
 
 def test_the_watchdog_thread_ends_with_the_pass(ds):
-    loader = chute.Loader(ds, BATCH, num_threads=1, stall_timeout=30)
+    loader = chute.Loader(ds, BATCH, workers=1, watchdog=30)
     for _ in loader:
         assert [t.name for t in threading.enumerate() if t.name.startswith("chute-watchdog")] == ["chute-watchdog-r0"]
     assert not [t for t in threading.enumerate() if t.name.startswith("chute-watchdog")]
     for _ in loader:
         break  # a pass left early
     assert _join_chute_threads() == []
-    no_watchdog = chute.Loader(ds, BATCH, num_threads=1, stall_timeout=None)
+    no_watchdog = chute.Loader(ds, BATCH, workers=1, watchdog=None)
     for _ in no_watchdog:
         assert not [t for t in threading.enumerate() if t.name.startswith("chute-watchdog")]
 
@@ -142,7 +142,7 @@ def test_reads_in_flight_are_named(ds):
                 release.wait(60)
         return sample
 
-    loader = chute.Loader(ds, BATCH, transform=reading_transform, num_threads=1, stall_timeout=1.0, on_stall="raise")
+    loader = chute.Loader(ds, BATCH, transform=reading_transform, workers=1, watchdog=chute.Watchdog(1.0, on_stall="raise"))
     try:
         with pytest.raises(chute.StallError) as info:
             for _ in loader:
@@ -156,11 +156,11 @@ def test_reads_in_flight_are_named(ds):
 
 def test_bad_settings_are_refused(ds):
     with pytest.raises(ValueError, match="on_stall must be 'warn' or 'raise'"):
-        chute.Loader(ds, BATCH, on_stall="ignore")
+        chute.Loader(ds, BATCH, watchdog=chute.Watchdog(on_stall="ignore"))
     with pytest.raises(ValueError, match="stall_timeout must be positive"):
-        chute.Loader(ds, BATCH, stall_timeout=0)
+        chute.Loader(ds, BATCH, watchdog=0)
     with pytest.raises(ValueError, match="stall_timeout must be a number of seconds, 'auto' or None"):
-        chute.Loader(ds, BATCH, stall_timeout="soon")
+        chute.Loader(ds, BATCH, watchdog="soon")
 
 
 def test_the_auto_timeout_is_generous_first_then_follows_the_waits():
@@ -204,7 +204,7 @@ def test_processes_report_the_worker_stack_and_nothing_is_left(ds, tmp_path, mon
     monkeypatch.setenv("CHUTE_TEST_HANG", str(flag))  # inherited by the spawned workers
     resource_tracker.ensure_running()  # its pipe stays open for the life of the process
     pipes = _pipes()
-    loader = chute.Loader(ds, BATCH, transform=sleepy_transform, num_threads=2, workers="processes", stall_timeout=None)
+    loader = chute.Loader(ds, BATCH, transform=sleepy_transform, workers=chute.Workers("processes", count=2), watchdog=None)
     try:
         assert sum(len(b["label"]) for b in loader) == N  # starts the workers (spawn) with no watchdog
         pids = loader._processes.pids
@@ -271,7 +271,7 @@ def test_a_read_that_never_returns_names_the_url(ds, tmp_path):
         logger = logging.getLogger("chute")
         logger.addHandler(handler)
         try:
-            loader = chute.Loader(remote, BATCH, num_threads=1, stall_timeout=1.0)
+            loader = chute.Loader(remote, BATCH, workers=1, watchdog=1.0)
             labels = [label for batch in loader for label in batch["label"].tolist()]
         finally:
             logger.removeHandler(handler)

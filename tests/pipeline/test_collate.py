@@ -108,7 +108,7 @@ def ds(tmp_path):
 
 
 def test_a_loader_epoch_is_right_and_kept_batches_are_never_rewritten(ds):
-    loader = chute.Loader(ds, 8, shuffle=True, seed=3, transform=_decode, num_threads=2, prefetch=4)
+    loader = chute.Loader(ds, 8, shuffle=True, seed=3, transform=_decode, workers=chute.Workers(count=2, prefetch=4))
     kept = []
     for batch in loader:
         assert torch.equal(batch["image"][:, 0, 0, 0], batch["label"].to(torch.uint8))
@@ -121,7 +121,7 @@ def test_a_loader_epoch_is_right_and_kept_batches_are_never_rewritten(ds):
 
 
 def test_a_loader_reuses_batch_buffers_the_loop_dropped(ds):
-    loader = chute.Loader(ds, 8, transform=_decode, num_threads=1, prefetch=2)
+    loader = chute.Loader(ds, 8, transform=_decode, workers=chute.Workers(count=1, prefetch=2))
     for _ in range(3):
         for batch in loader:
             pass
@@ -130,7 +130,7 @@ def test_a_loader_reuses_batch_buffers_the_loop_dropped(ds):
 
 
 def test_skipped_samples_leave_a_shorter_batch(ds):
-    loader = chute.Loader(ds, 10, transform=_sometimes_fails, on_error="skip", num_threads=1)
+    loader = chute.Loader(ds, 10, transform=_sometimes_fails, on_error="skip", workers=1)
     batches = list(loader)
     assert [len(b["label"]) for b in batches] == [8] * 10
     assert torch.cat([b["label"] for b in batches]).tolist() == [i for i in range(100) if i % 5]

@@ -45,12 +45,12 @@ def _epoch_and_resume(root: str) -> dict:
     import torch.distributed as dist
 
     ds = chute.open(root)
-    whole = chute.Loader(ds, BATCH, shuffle=True, seed=SEED, num_threads=2)
+    whole = chute.Loader(ds, BATCH, shuffle=True, seed=SEED, workers=2)
     length = len(whole)
     epoch = [_ids(b) for b in whole]
     state_after_epoch = whole.state_dict()
 
-    first = chute.Loader(ds, BATCH, shuffle=True, seed=SEED, num_threads=3)
+    first = chute.Loader(ds, BATCH, shuffle=True, seed=SEED, workers=3)
     head, batches = [], iter(first)
     for batch in batches:
         head.append(_ids(batch))
@@ -62,7 +62,7 @@ def _epoch_and_resume(root: str) -> dict:
     states = [None] * dist.get_world_size()
     dist.all_gather_object(states, state)  # every rank must save the same position
 
-    second = chute.Loader(ds, BATCH, shuffle=True, seed=SEED, num_threads=1)
+    second = chute.Loader(ds, BATCH, shuffle=True, seed=SEED, workers=1)
     second.load_state_dict(state)
     resumed_length = len(second)
     tail = [_ids(b) for b in second]
@@ -203,7 +203,7 @@ def test_both_ranks_resume_with_exactly_the_next_batch(ranks, order) -> None:
 
 def test_two_rank_state_resumes_in_one_process(ranks, dataset, order) -> None:
     state = ranks[0]["state"]
-    loader = chute.Loader(dataset, BATCH, shuffle=True, seed=SEED, num_threads=2, rank=0, world_size=1)
+    loader = chute.Loader(dataset, BATCH, shuffle=True, seed=SEED, workers=2, rank=0, world_size=1)
     loader.load_state_dict(state)
     length = len(loader)
     assert length == order.num_batches(1, state["consumed"])

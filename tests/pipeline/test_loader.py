@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import chute
-from chute.pipeline.batch import TransformError
+from chute.pipeline.transform import TransformError
 
 N = 1000
 
@@ -57,25 +57,25 @@ def test_shuffled_epochs_cover_everything_once_and_differ(ds):
     epoch0, epoch1 = ids(loader), ids(loader)  # a finished pass advances the epoch
     assert sorted(epoch0) == sorted(epoch1) == list(range(N))
     assert epoch0 != epoch1
-    again = chute.Loader(ds, 50, shuffle=True, seed=3, num_threads=1)
+    again = chute.Loader(ds, 50, shuffle=True, seed=3, workers=1)
     again.set_epoch(1)
     assert ids(again) == epoch1  # the order depends on (seed, epoch), not on threads
     assert ids(chute.Loader(ds, 50, shuffle=True, seed=4)) != epoch0
 
 
 def test_order_matches_chute_order(ds):
-    loader = chute.Loader(ds, 32, shuffle=True, seed=9, window=2)
+    loader = chute.Loader(ds, 32, shuffle=chute.Shuffle(window=2), seed=9)
     expected = [int(i) for b in loader.order.batches(0) for i in b]
     assert ids(loader) == expected
 
 
 @pytest.mark.parametrize("stop_after", [0, 1, 7, 15])
 def test_resume_continues_with_exactly_the_next_batch(ds, stop_after):
-    full = chute.Loader(ds, 64, shuffle=True, seed=1, num_threads=2, prefetch=8)
+    full = chute.Loader(ds, 64, shuffle=True, seed=1, workers=chute.Workers(count=2, prefetch=8))
     full.set_epoch(2)
     reference = [b["id"].tolist() for b in full]
 
-    first = chute.Loader(ds, 64, shuffle=True, seed=1, num_threads=2, prefetch=8)
+    first = chute.Loader(ds, 64, shuffle=True, seed=1, workers=chute.Workers(count=2, prefetch=8))
     first.set_epoch(2)
     received = []
     iterator = iter(first)
@@ -85,7 +85,7 @@ def test_resume_continues_with_exactly_the_next_batch(ds, stop_after):
     assert state["epoch"] == 2 and state["consumed"] == 64 * stop_after
     del iterator
 
-    second = chute.Loader(ds, 64, shuffle=True, seed=1, num_threads=1, prefetch=1)
+    second = chute.Loader(ds, 64, shuffle=True, seed=1, workers=chute.Workers(count=1, prefetch=1))
     second.load_state_dict(state)
     assert len(second) == len(reference) - stop_after
     received += [b["id"].tolist() for b in second]
@@ -183,7 +183,7 @@ def test_on_error_skip_counts_and_reports(ds, caplog):
 
 @pytest.mark.parametrize("how", ["break", "del", "exception", "exhaust"])
 def test_no_threads_left_behind(ds, how):
-    loader = chute.Loader(ds, 10, num_threads=3, prefetch=6)
+    loader = chute.Loader(ds, 10, workers=chute.Workers(count=3, prefetch=6))
     iterator = iter(loader)
     next(iterator)
     assert len(loader_threads()) == 3
@@ -210,7 +210,7 @@ def test_interpreter_exit_mid_epoch_does_not_hang(ds):
         def slow(sample):
             threading.Event().wait(0.05)
             return sample
-        loader = chute.Loader({ds.root!r}, 8, transform=slow, num_threads=2)
+        loader = chute.Loader({ds.root!r}, 8, transform=slow, workers=2)
         it = iter(loader)
         next(it)
         print("mid-epoch", flush=True)
@@ -261,7 +261,7 @@ def test_batches_arrive_on_the_gpu_equal_to_the_host_batches(ds):
 
 
 def test_batches_and_views_the_loop_keeps_are_never_rewritten(ds):
-    loader = chute.Loader(ds, 10, num_threads=2, prefetch=2)
+    loader = chute.Loader(ds, 10, workers=chute.Workers(count=2, prefetch=2))
     kept_views, kept_batches = [], []
     for step, batch in enumerate(loader):
         if step % 3 == 0:
@@ -273,7 +273,26 @@ def test_batches_and_views_the_loop_keeps_are_never_rewritten(ds):
     for step, batch in kept_batches:
         assert batch["id"].tolist() == list(range(10 * step, 10 * step + 10))
     # buffers nobody keeps are reused: a pass allocates a few per column, not one per batch
-    reuse = chute.Loader(ds, 10, num_threads=2, prefetch=2)
+    reuse = chute.Loader(ds, 10, workers=chute.Workers(count=2, prefetch=2))
     for batch in reuse:
         pass
-    assert len(reuse) == 100 and reuse._buffers.allocated <= 2 * 8
+    assert len(reuse) == 100 and reuse._pool.allocated <= 2 * 8
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_one_hundred_batches_kept_by_the_loop_are_all_intact_at_the_end_of_the_epoch(ds, workers):
+    """Blocks go back to the pool only when nothing refers to them: keep 100 batches, check every byte."""
+    loader = chute.Loader(ds, 10, shuffle=True, seed=11, workers=chute.Workers(count=workers, prefetch=4))
+    expected = [b.tolist() for b in loader.order.batches(0)]
+    kept = list(loader)  # 100 batches, all alive at once
+    assert len(kept) == 100
+    for rows, batch in zip(expected, kept):
+        assert batch["id"].tolist() == rows
+        assert batch["x"].tolist() == [[r, r, r] for r in rows]
+        assert batch["name"] == [f"s{r}" for r in rows]
+    allocated = loader._pool.allocated
+    assert allocated >= 2 * 100  # nothing the loop held was handed out again
+    del kept, batch
+    for _ in loader:  # now every block is free again: the next epoch allocates nothing new
+        pass
+    assert loader._pool.allocated == allocated

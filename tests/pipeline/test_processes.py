@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import chute
-from chute.pipeline.batch import TransformError
+from chute.pipeline.transform import TransformError
 from chute.pipeline.processes import RemoteTraceback
 
 N = 240
@@ -88,8 +88,8 @@ def _slow(sample):
 # ---------------------------------------------------------------- helpers
 
 
-def _loader(ds, **kwargs):
-    options = dict(shuffle=True, seed=7, transform=_transform, collate=_collate, num_threads=2, prefetch=4)
+def _loader(ds, workers="threads", **kwargs):
+    options = dict(shuffle=True, seed=7, transform=_transform, collate=_collate, workers=chute.Workers(workers, count=2, prefetch=4))
     options.update(kwargs)
     return chute.Loader(ds, BATCH, **options)
 
@@ -200,7 +200,7 @@ def test_lambda_transform_is_refused_with_what_to_do(ds):
                    "before batch 1's error?) since this session's processes.py changes; passes alone. See the closing note")
 def test_transform_error_names_sample_and_shard_with_worker_traceback(ds):
     before = snapshot()
-    loader = chute.Loader(ds, 10, transform=_explode_on_17, workers="processes", num_threads=1, prefetch=3)
+    loader = chute.Loader(ds, 10, transform=_explode_on_17, workers=chute.Workers("processes", count=1, prefetch=3))
     received = []
     with pytest.raises(TransformError) as error:
         for batch in loader:
@@ -225,7 +225,7 @@ def test_transform_error_names_sample_and_shard_with_worker_traceback(ds):
 
 def test_killed_worker_is_reported_then_new_workers_start(ds):
     before = snapshot()
-    loader = chute.Loader(ds, 8, transform=_slow, workers="processes", num_threads=2, prefetch=4)
+    loader = chute.Loader(ds, 8, transform=_slow, workers=chute.Workers("processes", count=2, prefetch=4))
     iterator = iter(loader)
     within(60, lambda: next(iterator))
     victim = worker_pids()[0]
@@ -256,7 +256,7 @@ def test_process_exiting_mid_epoch_leaves_nothing(ds, tmp_path, how):
                 return {"id": sample["id"]}
 
             if __name__ == "__main__":
-                loader = chute.Loader(sys.argv[1], 8, transform=slow, workers="processes", num_threads=2)
+                loader = chute.Loader(sys.argv[1], 8, transform=slow, workers=chute.Workers("processes", count=2))
                 iterator = iter(loader)
                 next(iterator), next(iterator)
                 print(os.getpid(), *[p.pid for p in multiprocessing.active_children()], flush=True)

@@ -1,0 +1,119 @@
+"""The one hand-off between stages: a bounded, in-order channel of step results.
+
+Producers (worker threads, the process pool's receiver, the device stage) put
+the result of step ``s`` into slot ``s % slots``; the one consumer takes steps
+in order. Each slot has a lock used as a binary semaphore: the producer
+releases it when the slot is full, the consumer acquires it to wait for the
+slot. Waiting and waking are single C calls that release the GIL (no
+``Future`` per batch, no ``Condition`` in Python), and a wait can time out,
+which is how the consumer notices a stall (``chute.observe.watchdog``).
+
+Flow control: a slot must not be refilled before the consumer took its
+previous step. With a thread pool the consumer guarantees it (it submits step
+``s + depth`` only after taking step ``s``, and ``depth <= slots``); a single
+producer that pulls from a source (the device stage) calls :meth:`reserve`
+first, which waits until the consumer has freed the slot.
+
+Errors travel in-band: a producer puts ``Failure(exc)`` at the step where it
+happened and the consumer re-raises the original exception object there.
+:meth:`close` ends the channel for both sides: a waiting ``reserve`` returns
+False and the producer stops; results not taken are dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class Failure:
+    """An exception raised while producing a step, re-raised by the consumer at that step."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Closed(Exception):
+    """The channel was closed while the consumer waited."""
+
+
+class Channel:
+    """``slots`` in-order slots between any number of producers and one consumer."""
+
+    def __init__(self, slots: int, *, reserve: bool = False) -> None:
+        if slots < 1:
+            raise ValueError(f"a channel needs at least one slot, got {slots}")
+        self.slots = slots
+        self._items: list[Any] = [None] * slots
+        self._full = [threading.Lock() for _ in range(slots)]
+        for lock in self._full:
+            lock.acquire()
+        # with reserve=True (one producer pulling from a source): a lock per slot, held while the slot is in use
+        self._free = [threading.Lock() for _ in range(slots)] if reserve else None
+        self.closed = False
+
+    # ------------------------------------------------------------------ producers
+
+    def put(self, step: int, item: Any) -> None:
+        """Fill the slot of ``step`` (whose previous step the consumer has taken)."""
+        i = step % self.slots
+        self._items[i] = item
+        try:
+            self._full[i].release()
+        except RuntimeError:  # closed meanwhile: close() released the slot already; the item is dropped
+            self._items[i] = None
+
+    def reserve(self, step: int) -> bool:
+        """Wait until the slot of ``step`` is free (a single producer pulling from a source); False once closed."""
+        self._free[step % self.slots].acquire()
+        return not self.closed
+
+    # ------------------------------------------------------------------ the consumer
+
+    def take(self, step: int, timeout: float = -1) -> Any:
+        """The result of ``step``, waiting up to ``timeout`` seconds (-1: for ever).
+
+        Raises ``TimeoutError`` when the wait timed out (the step is still
+        pending: call again to keep waiting) and :class:`Closed` once closed.
+        A :class:`Failure` put for the step is re-raised as its exception.
+        """
+        i = step % self.slots
+        if not self._full[i].acquire(True, timeout):
+            raise TimeoutError(step)
+        if self.closed:
+            self._full[i].release()  # let every other waiter through too
+            raise Closed(step)
+        item = self._items[i]
+        self._items[i] = None
+        if self._free is not None:
+            self._free[i].release()
+        if item.__class__ is Failure:
+            raise item.exc
+        return item
+
+    def ready(self, step: int) -> bool:
+        """Whether the result of ``step`` is there (without taking it)."""
+        return self._full[step % self.slots].locked() is False
+
+    def count_ready(self, first: int, limit: int) -> int:
+        """How many results are there in a row from step ``first`` (at most ``limit``)."""
+        n = 0
+        while n < limit and not self._full[(first + n) % self.slots].locked():
+            n += 1
+        return n
+
+    def close(self) -> None:
+        """End the channel: waiting producers and the consumer wake up; results not taken are dropped."""
+        if self.closed:
+            return
+        self.closed = True
+        self._items = [None] * self.slots
+        for lock in self._full:
+            if lock.locked():
+                lock.release()
+        if self._free is not None:
+            for lock in self._free:
+                if lock.locked():
+                    lock.release()

@@ -1,0 +1,59 @@
+"""The gather stage: the rows of one batch, read from the mapped shards into the batch's own memory.
+
+Fixed-size columns land in blocks from the Loader's :class:`BlockPool` (one
+native call for all of them, GIL released), variable-size columns come back
+decoded for the whole batch (``chute.format.columns``). The result is the
+batch as the training loop sees it without a transform: a dict of column name
+to a tensor ``[rows, ...]`` or a list (Arrow array with ``columnar=True``),
+in the dataset's column order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from chute.format.reader import Dataset
+from chute.pipeline.buffers import BlockPool
+
+
+class Gather:
+    """Reads batches of ``dataset`` into blocks of ``pool``."""
+
+    def __init__(self, dataset: Dataset, pool: BlockPool, columnar: bool = False) -> None:
+        self.dataset, self.pool, self.columnar = dataset, pool, columnar
+        fixed = dataset.fixed_columns
+        self.fixed_names = [name for name, _, _, _ in fixed]
+        self.shapes = [shape for _, shape, _, _ in fixed]
+        self.dtypes = [dtype for _, _, dtype, _ in fixed]
+        # torch dtypes numpy lacks (bfloat16): the block is built as its storage dtype, then viewed
+        self.views = [(j, t) for j, (_, _, d, t) in enumerate(fixed) if _needs_view(d, t)]
+        self._cached: tuple[int, list[tuple[int, ...]]] = (-1, [])  # (rows, block shapes): one object, thread-safe
+        self.variable_names = dataset.variable_columns
+        names = dataset.schema.names
+        self.reorder = names if names != self.fixed_names + self.variable_names else None
+
+    def __call__(self, indices: np.ndarray) -> dict[str, Any]:
+        n = len(indices)
+        rows, shapes = self._cached
+        if n != rows:  # a new batch size (the first batch, the last one of an epoch)
+            shapes = [(n, *shape) for shape in self.shapes]
+            self._cached = (n, shapes)
+        arrays, tensors = self.pool.take_all(shapes, self.dtypes)
+        values = self.dataset.read(indices, arrays, self.columnar)
+        for j, dtype in self.views:
+            tensors[j] = tensors[j].view(dtype)
+        batch = dict(zip(self.fixed_names, tensors))
+        if values:
+            batch.update(zip(self.variable_names, values))
+            if self.reorder is not None:
+                batch = {name: batch[name] for name in self.reorder}
+        return batch
+
+
+def _needs_view(dtype: np.dtype, torch_dtype: Any) -> bool:
+    """Whether a block built as numpy ``dtype`` must be viewed as ``torch_dtype`` (numpy has no bfloat16)."""
+    import torch
+
+    return torch.from_numpy(np.empty(0, dtype)).dtype != torch_dtype

@@ -1,0 +1,257 @@
+"""One pass of a Loader, running: its stages wired together, and the loop that delivers its batches.
+
+:class:`Pass` holds what one ``iter()`` made (the indices, the batch task, the
+channel, the executor, the downloader) and publishes where it is
+(``received``, what each worker builds), which ``state_dict()``, the report
+and the hang watchdog read. :func:`stream` is the consumer's side: the
+generator the training loop iterates. Per batch it takes the step's result
+from the channel, submits the step ``depth`` ahead, counts the loop's wait
+and compute, and yields: a handful of calls, all of them C calls but the
+channel's ``take``.
+
+With a device, :func:`stream` runs in the device stage's thread instead
+(``device_side=True``), and :func:`device_stream` is the training loop's side.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from chute.errors import StallError
+from chute.pipeline.channel import Channel
+
+log = logging.getLogger("chute")
+
+#: Every how many batches the consumer samples the channel (finished batches waiting) for the autotuner.
+READY_EVERY = 8
+#: Every how many batches the adaptive stall timeout is recomputed.
+TIMEOUT_EVERY = 64
+
+
+class Pass:
+    """The running state of one pass over ``epoch``, from global position ``start``."""
+
+    def __init__(self, loader: Any, epoch: int, start: int, dataset: Any, order: Any) -> None:
+        self.loader = loader
+        self.epoch, self.start = epoch, start
+        self.dataset, self.order = dataset, order  # progressive mode: this epoch's subset
+        self.rank, self.world_size = loader.rank, loader.world_size
+        self.steps = order.num_batches(self.world_size, start)
+        self.received = 0  # batches the consumer has taken (the resume position is computed from it)
+        self.submitted = 0
+        self.skipped: list[int] = []
+        self.finished = False  # the last batch has been delivered
+        self.advanced = False  # ... and the loader moved to the next epoch
+        self.closed_by_stream = False
+        self.stalled = False
+        self.shards: list[int] | None = None  # progressive: the epoch's shards
+        self.holds: Any = None  # progressive: the holds on the epoch's shards
+        self.fetcher: Any = None  # a remote dataset's downloader (or progressive holds)
+        self.indices: Any = None
+        self.task: Any = None
+        self.channel: Channel | None = None
+        self.executor: Any = None
+        self.rows: collections.deque[tuple[int, int]] = collections.deque()  # device mode: (step, rows) of batches on their way
+        self.host_done = False
+
+    # ------------------------------------------------------------------ for the report and the watchdog
+
+    def rows_of(self, step: int) -> list[int]:
+        """The dataset rows of ``step``."""
+        return self.indices.rows(step).tolist()
+
+    def describe(self, index: int) -> str:
+        try:
+            shard, row = self.dataset.locate(index)
+            return f"sample {index} (shard {self.dataset.shards[shard].file}, row {row})"
+        except Exception:
+            return f"sample {index}"
+
+    def close(self) -> None:
+        """Stop the executor and the downloader; results not taken are dropped."""
+        channel, executor, fetcher = self.channel, self.executor, self.fetcher
+        if channel is not None:
+            channel.close()
+        if executor is not None:
+            stuck = executor.close(timeout=0.1 if self.stalled else 5.0, broken=self.stalled)
+            if stuck:
+                log.warning("chute: %d loader thread(s) still busy after shutdown: %s", len(stuck), [t.name for t in stuck])
+        if fetcher is not None:
+            fetcher.close()
+        self.fetcher = None
+
+
+def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = False) -> Iterator[Any]:
+    """The batches of ``run``, in order (the training loop's side, or the device stage's with ``device_side``)."""
+    loader = run.loader
+    if run.executor is None:
+        loader._start_pass(run)
+    if meter is not None and not device_side:
+        meter.start_pass(run)
+    channel, executor = run.channel, run.executor
+    n = run.steps
+    take, submit = channel.take, executor.submit
+    submitted = min(n, executor.depth)
+    for step in range(submitted):
+        submit(step)
+    fetcher = run.fetcher
+    clock = time.perf_counter_ns
+    timeout = watch.timeout(first=True) if watch is not None else -1
+    counters = meter.counters if meter is not None and not device_side else None
+    if counters is not None:
+        consumer, trace, tuner = counters.consumer, counters.trace.append, meter.tuner
+        tid = threading.get_ident()
+        counters.name_thread()
+        history = watch.history if watch is not None else None
+        next_tick = tuner.next_ns if tuner is not None else 1 << 62
+    rows_out = run.rows.append if device_side else None
+    called = clock()
+    try:
+        for step in range(n):
+            try:
+                item = take(step, timeout)
+            except TimeoutError:
+                item = watch.wait(run, step, take, called)
+            got = clock()
+            limit = step + 1 + executor.depth
+            if limit > n:
+                limit = n
+            while submitted < limit:
+                submit(submitted)
+                submitted += 1
+            if not device_side:
+                run.received = step + 1
+            if fetcher is not None:
+                fetcher.received(step)  # the batch is a copy: its shards may go
+            batch, rows, skipped = item
+            item = None
+            run.submitted = submitted
+            if skipped:
+                run.skipped.extend(skipped)
+            if step == n - 1:
+                run.finished = True
+                if not device_side:
+                    loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
+            if counters is None:
+                if batch is not None:
+                    if rows_out is not None:
+                        rows_out((step, rows))
+                    yield batch
+                continue
+            consumer.wait_ns += got - called
+            if batch is not None:
+                consumer.batches += 1
+                consumer.samples += rows
+                if consumer.first_wait_ns is None:
+                    consumer.first_wait_ns = got - meter.pass_began
+                if meter.first_batch_ns is None:
+                    meter.first_batch_ns = got - meter.pass_began
+                if history is not None and step:
+                    history.add((got - called) / 1e9)
+                yield batch
+            done = clock()
+            consumer.compute_ns += done - got
+            trace(("loop", tid, called, got, done, step))
+            if tuner is not None:
+                if not step % READY_EVERY:
+                    ready = channel.count_ready(step + 1, executor.depth)
+                    if meter.ready is None or ready < meter.ready:
+                        meter.ready = ready
+                if done >= next_tick:
+                    tuner.tick(done, n - step - 1, executor, meter)
+                    next_tick = tuner.next_ns
+            if watch is not None and not step % TIMEOUT_EVERY:
+                timeout = watch.timeout(first=False)
+            called = done
+    except StallError:
+        run.stalled = True
+        raise
+    finally:
+        run.submitted = submitted
+        if device_side:
+            run.host_done = True
+        else:
+            if counters is not None:
+                meter.end_pass(run)
+            run.close()
+            loader._ended(run)
+
+
+_END = object()  # the device stage's end-of-pass marker
+
+
+def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = None) -> Iterator[Any]:
+    """The training loop's side with a device: batches from the device stage, in order.
+
+    The device stage's thread runs :func:`stream` (``device_side=True``),
+    which queues ``(step, rows)`` of every batch it passes on in ``run.rows``.
+    """
+    clock = time.perf_counter_ns
+    take = prefetcher.take
+    timeout = watch.timeout(first=True) if watch is not None else -1
+    counters = meter.counters if meter is not None else None
+    pending = run.rows
+    loader = run.loader
+    if meter is not None:
+        meter.start_pass(run)
+    called = clock()
+    k = 0
+    try:
+        while True:
+            try:
+                try:
+                    batch = take(timeout)
+                except TimeoutError:
+                    batch = watch.wait(run, run.received, lambda _, t: take(t), called)
+            except StopIteration:
+                if run.finished:  # the host took the last step, whose batch had every sample skipped
+                    loader._finished(run)
+                return
+            got = clock()
+            step, rows = pending.popleft()
+            run.received = step + 1
+            if step == run.steps - 1:
+                loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
+            if counters is not None:
+                consumer = counters.consumer
+                consumer.wait_ns += got - called
+                consumer.batches += 1
+                consumer.samples += rows
+                if meter.first_batch_ns is None:
+                    meter.first_batch_ns = got - meter.pass_began
+                if consumer.first_wait_ns is None:
+                    consumer.first_wait_ns = got - meter.pass_began
+                if watch is not None and k:
+                    watch.history.add((got - called) / 1e9)
+            yield batch
+            done = clock()
+            if counters is not None:
+                counters.consumer.compute_ns += done - got
+                counters.trace.append(("loop", threading.get_ident(), called, got, done, step))
+                tuner = meter.tuner
+                if tuner is not None and done >= tuner.next_ns:
+                    tuner.tick(done, run.steps - run.received, run.executor, meter)
+            if watch is not None and not k % TIMEOUT_EVERY:
+                timeout = watch.timeout(first=False)
+            called = done
+            k += 1
+    except StallError:
+        run.stalled = True
+        raise
+    finally:
+        prefetcher.close()
+        if counters is not None:
+            meter.end_pass(run)
+        run.close()
+        loader._ended(run)
+
+
+def empty_rows() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)

@@ -1,0 +1,186 @@
+"""The transform stage: the user's functions, run on a gathered batch inside its batch task.
+
+Three kinds of user code, all optional (:class:`Functions`):
+
+``transform``
+    Either a function of one sample (a dict, as ``dataset[i]`` returns it),
+    run in a loop over the batch's samples, whose results are collated
+    (``chute.pipeline.collate``, or the user's ``collate``); or an object with
+    a ``transform_batch(batch, ctx)`` method (such as the image transforms of
+    ``chute.images``), called once with the whole gathered batch and a
+    :class:`BatchContext`, which returns the batch.
+``collate``
+    list of samples -> batch, replacing the default.
+``batch_transform``
+    batch -> batch, once per batch, last.
+
+A sample whose transform raises fails the batch with a :class:`TransformError`
+naming the sample and shard, or is skipped (``on_error="skip"``). While a
+per-sample loop runs, the position of the sample being transformed is
+published in ``progress[worker]``, which the hang watchdog reads to name the
+sample a stuck transform is working on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from chute.errors import ChuteError
+from chute.format.reader import Dataset
+from chute.format.schema import Scalar
+from chute.pipeline.buffers import BlockPool
+from chute.pipeline.collate import Collate
+
+
+class TransformError(ChuteError):
+    """A user transform raised; the message names the sample and shard, the cause is chained."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Functions:
+    """The user's functions of a Loader (see the module docstring)."""
+
+    transform: Callable[[dict[str, Any]], Any] | Any | None = None
+    batch_transform: Callable[[Any], Any] | None = None
+    collate: Callable[[list[Any]], Any] | None = None
+    on_error: str = "raise"
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        for role in ("transform", "batch_transform", "collate"):
+            fn = getattr(self, role)
+            if fn is not None and not callable(fn) and not (role == "transform" and hasattr(fn, "transform_batch")):
+                raise TypeError(f"{role} must be a function (or None), got {type(fn).__name__} {fn!r}")
+
+    @property
+    def batched(self) -> bool:
+        """Whether ``transform`` is a batch-level transform object (``transform_batch``)."""
+        return hasattr(self.transform, "transform_batch")
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether the batch is taken apart into samples (a per-sample transform or a user collate)."""
+        return (self.transform is not None and not self.batched) or self.collate is not None
+
+    @property
+    def identity(self) -> bool:
+        return self.transform is None and self.collate is None and self.batch_transform is None
+
+
+class BatchContext:
+    """What a batch-level transform receives besides the batch.
+
+    ``indices`` are the dataset rows of the batch (int64), ``epoch`` and
+    ``seed`` those of the Loader. :meth:`take` gives an output block from the
+    Loader's pool (reused once the user drops the batch; pinned when the
+    Loader copies to a CUDA device): write results there instead of allocating.
+    """
+
+    __slots__ = ("indices", "epoch", "seed", "pool")
+
+    def __init__(self, indices: np.ndarray, epoch: int, seed: int, pool: BlockPool) -> None:
+        self.indices, self.epoch, self.seed, self.pool = indices, epoch, seed, pool
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype | np.dtype) -> torch.Tensor:
+        """A tensor of ``shape`` and ``dtype`` to fill (its contents are undefined)."""
+        np_dtype = dtype if isinstance(dtype, np.dtype) else torch.empty(0, dtype=dtype).numpy().dtype
+        return self.pool.take(tuple(shape), np.dtype(np_dtype))[1]
+
+
+class Transform:
+    """Applies :class:`Functions` to gathered batches of ``dataset``."""
+
+    def __init__(self, fns: Functions, dataset: Dataset, pool: BlockPool | None, seed: int = 0) -> None:
+        self.fns, self.dataset, self.pool, self.seed = fns, dataset, pool, seed
+        self.scalars = {name for name, ctype in dataset.schema if isinstance(ctype, Scalar)}
+
+    def __call__(self, batch: dict[str, Any], indices: np.ndarray, epoch: int, progress: list[int], w: int) -> tuple[Any, list[int]]:
+        """``(batch, skipped rows)``; the batch is None when every sample was skipped."""
+        fns = self.fns
+        skipped: list[int] = []
+        if fns.batched:
+            batch = fns.transform.transform_batch(batch, BatchContext(indices, epoch, self.seed, self.pool))
+        elif fns.per_sample:
+            batch, skipped = self._per_sample(batch, indices, progress, w)
+        if fns.batch_transform is not None and batch is not None:
+            try:
+                batch = fns.batch_transform(batch)
+            except Exception as exc:
+                first = self.describe(int(indices[0])) if len(indices) else "an empty batch"
+                raise TransformError(
+                    f"batch_transform {_name(fns.batch_transform)} failed on a batch of {len(indices)} samples "
+                    f"starting with {first}: {type(exc).__name__}: {exc}"
+                ) from exc
+        return batch, skipped
+
+    def _per_sample(self, batch: dict[str, Any], indices: np.ndarray, progress: list[int], w: int) -> tuple[Any, list[int]]:
+        fns = self.fns
+        samples = unbind(batch, self.scalars)
+        rows = indices.tolist()
+        origin = self._origin(rows)
+        collate = None if fns.collate is not None else Collate(len(rows), self.pool, origin)
+        if fns.transform is None:
+            kept = samples
+            skipped: list[int] = []
+        else:
+            fn = fns.transform
+            kept, skipped = [], []
+            add = kept.append if collate is None else collate.add
+            skip = fns.on_error == "skip"
+            for j in range(len(samples)):
+                progress[w] = j
+                try:
+                    value = fn(samples[j])
+                except Exception as exc:
+                    if skip:
+                        skipped.append(rows[j])
+                        continue
+                    raise TransformError(
+                        f"transform {_name(fn)} failed on {self.describe(rows[j])}: {type(exc).__name__}: {exc}. "
+                        "Pass on_error='skip' to skip such samples"
+                    ) from exc
+                if collate is not None:
+                    collate.add(value)
+                else:
+                    add(value)
+                value = None  # with a streaming collate, the sample's copy is in the batch already
+            progress[w] = -1
+            if skipped and collate is not None:
+                kept_rows = [r for r in rows if r not in set(skipped)]
+                collate.origin = self._origin(kept_rows)
+        if collate is not None:
+            if not collate.samples and not collate.count:
+                return None, skipped
+            return collate.result(), skipped
+        if not kept:
+            return None, skipped
+        return fns.collate(kept), skipped
+
+    def _origin(self, rows: list[int]) -> Callable[[int], str]:
+        return lambda j: self.describe(rows[j])
+
+    def describe(self, index: int) -> str:
+        shard, row = self.dataset.locate(index)
+        return f"sample {index} (shard {self.dataset.shards[shard].file}, row {row})"
+
+
+def unbind(batch: dict[str, Any], scalars: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The samples of a gathered batch, as ``dataset[i]`` would return them."""
+    names = list(batch)
+    columns = []
+    for name in names:
+        value = batch[name]
+        if isinstance(value, torch.Tensor):
+            value = value.tolist() if name in scalars else value.unbind(0)
+        columns.append(value)
+    return [dict(zip(names, row)) for row in zip(*columns)]
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)

@@ -1,0 +1,143 @@
+"""A worker process (``Loader(workers="processes")``): builds batch tasks and returns them through the ring.
+
+Started with ``spawn`` by :class:`chute.pipeline.processes.ProcessPool`. It
+receives the dataset (which maps its shards again here), the order and the
+user's functions once, then tasks ``(pass, epoch, start, step, slot, segment)``
+through its pipe. For each it builds the batch with the same stages as a
+thread worker (indices, gather, transform, collate), writes its tensors into
+the ring slot and sends the rest back (``chute.pipeline.wire``).
+
+It ignores SIGINT (the main process decides), exits when the main process
+disappears (its pipe reaches EOF), and leaves with ``os._exit`` (the
+interpreter's teardown takes over half a second with torch loaded; a worker
+has nothing left to release, but ``atexit`` handlers of user code do not run
+there). On SIGUSR1, ``faulthandler`` writes the stack of every thread into the
+worker's stack pipe, for the hang watchdog in the main process.
+"""
+
+from __future__ import annotations
+
+import collections
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from multiprocessing import connection
+from typing import Any
+
+import torch
+
+from chute.errors import ChuteError
+from chute.pipeline.buffers import BlockPool
+from chute.pipeline.gather import Gather
+from chute.pipeline.indices import BatchIndices
+from chute.pipeline.shm import Segment
+from chute.pipeline.transform import Transform
+from chute.pipeline.wire import encode, encode_exception
+
+STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # asks a worker for its stacks (the hang watchdog)
+
+
+def worker_main(conn: connection.Connection, setup: bytes, stacks: connection.Connection | None = None) -> None:
+    """A worker process: run batch tasks from ``conn`` until told to stop or the main process goes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    if stacks is not None and STACK_SIGNAL is not None:
+        faulthandler.register(STACK_SIGNAL, file=stacks.fileno(), all_threads=True, chain=False)
+    torch.set_num_threads(1)  # workers x intra-op threads would oversubscribe the cores
+    try:
+        try:
+            builder = Builder(*pickle.loads(setup))
+        except BaseException:
+            conn.send(("fatal", traceback.format_exc()))
+            return
+        conn.send(("ready",))
+        serve(conn, builder)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the main process is gone
+    # Nothing is left to release: skip the interpreter's teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+class Builder:
+    """Builds one step's batch in a worker: the thread workers' stages, in this process."""
+
+    def __init__(self, dataset: Any, order: Any, fns: Any, rank: int, world_size: int, columnar: bool = False) -> None:
+        self.dataset, self.order, self.fns, self.rank, self.world_size = dataset, order, fns, rank, world_size
+        self.pool = BlockPool()  # batches are copied into the ring and dropped: their blocks are reused
+        self.gather = Gather(dataset, self.pool, columnar)
+        self.transform = None if fns.identity else Transform(fns, dataset, self.pool, order.seed)
+        self._indices: collections.OrderedDict[tuple[int, int], BatchIndices] = collections.OrderedDict()
+        self.progress = [-1]
+
+    def indices(self, epoch: int, start: int, step: int) -> Any:
+        key = (epoch, start)
+        indices = self._indices.get(key)
+        if indices is None:
+            indices = self._indices[key] = BatchIndices(self.order, epoch, self.rank, self.world_size, start)
+            if len(self._indices) > 2:
+                self._indices.popitem(last=False)
+        return indices.rows(step)
+
+    def __call__(self, epoch: int, start: int, step: int) -> tuple[Any, int, list[int], tuple[int, int, int]]:
+        """``(batch, rows, skipped, (start, read, end) times)``."""
+        began = time.perf_counter_ns()
+        indices = self.indices(epoch, start, step)
+        batch = self.gather(indices)
+        read = time.perf_counter_ns()
+        skipped: list[int] = []
+        if self.transform is not None:
+            batch, skipped = self.transform(batch, indices, epoch, self.progress, 0)
+        return batch, len(indices) - len(skipped), skipped, (began, read, time.perf_counter_ns())
+
+
+def serve(conn: connection.Connection, builder: Builder) -> None:
+    segments: dict[int, Segment] = {}
+    inbox: collections.deque[tuple] = collections.deque()
+    cancelled = 0  # tasks of passes up to this one are not run
+    try:
+        while True:
+            # Read everything already sent, so a cancel or stop queued behind tasks takes effect now.
+            while not inbox or conn.poll():
+                message = conn.recv()
+                if message is None:
+                    return
+                if message[0] == "cancel":
+                    cancelled = max(cancelled, message[1])
+                else:
+                    inbox.append(message)
+            _, pass_id, epoch, start, step, slot, name, size = inbox.popleft()
+            if pass_id <= cancelled:
+                conn.send(("cancelled", pass_id, step, slot))
+                continue
+            segment = segments.get(slot)
+            if name is not None and (segment is None or segment.name != name):
+                if segment is not None:
+                    segment.close(unlink=False)
+                segment = segments[slot] = Segment(name, size, create=False)
+            reply = run(builder, epoch, start, step, segment)
+            conn.send(("reply", pass_id, step, slot, reply))
+            del reply
+    finally:
+        for segment in segments.values():
+            segment.close(unlink=False)
+
+
+def run(builder: Builder, epoch: int, start: int, step: int, segment: Segment | None) -> tuple:
+    """``("ok", payload, layout, inline, need)`` or ``("error", chain, traceback text)`` for one batch."""
+    try:
+        built = builder(epoch, start, step)
+        try:
+            return ("ok", *encode(built, segment))
+        except Exception as exc:
+            raise ChuteError(
+                f"the batch of step {step} (epoch {epoch}) cannot be sent back from the worker process "
+                f"({type(exc).__name__}: {exc}); with workers='processes' a batch must be picklable: "
+                "tensors, numbers, str, bytes and lists, tuples and dicts of them"
+            ) from exc
+    except Exception as exc:
+        return ("error", *encode_exception(exc))
