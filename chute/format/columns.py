@@ -148,7 +148,7 @@ class MapReader(ColumnReader):
         entries = column.values  # the whole struct child: the entry offsets index into it
         keys, items = entries.field(0), entries.field(1)
         if self.ctype.value in ("int64", "float64"):
-            values_offsets, values = None, _values(items, np.dtype(self.ctype.value))
+            values_offsets, values = None, _values(items, np.dtype(self.ctype.value)).view(np.uint8)
         else:
             values_offsets, values = _var(items)
         key_offsets, key_data = _var(keys)

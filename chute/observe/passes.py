@@ -59,19 +59,14 @@ class DeviceTiming:
             if close is not None:
                 close()
 
-    def copied(self, batch: Any, event: Any) -> None:
+    def copied(self, item: Any, event: Any) -> None:
+        """``item`` is the pass's ``(step, rows, batch)``."""
         from chute.pipeline.task import nbytes_of
 
         now = time.perf_counter_ns()
-        self.stage.record(self._got_ns, now, _rows(batch), nbytes_of(batch) if batch is not None else 0, None)
+        step, rows, batch = item
+        self.stage.record(self._got_ns, now, rows, nbytes_of(batch), step)
         self._copied_ns = now
-
-
-def _rows(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
-    from chute.observe.consumer import batch_size_of
-
-    return batch_size_of(batch) if batch is not None else 0
 
 
 class LoaderMeter:

@@ -32,7 +32,8 @@ def start(loader: Any, run: Pass) -> None:
     loader._begin(run)  # the previous pass, if still open, stops now
     if loader._progressive is not None:
         _progressive_epoch(loader, run)
-    run.indices = BatchIndices(run.order, run.epoch, run.rank, run.world_size, run.start)
+    counters = loader.counters
+    run.indices = BatchIndices(run.order, run.epoch, run.rank, run.world_size, run.start, None if counters is None else counters.order)
     run.channel = Channel(MAX_DEPTH)
     if loader.workers.kind == "processes":
         run.executor = loader._process_pool().start_pass(run)
@@ -40,7 +41,6 @@ def start(loader: Any, run: Pass) -> None:
         return
     fns = loader.fns
     transform = None if fns.identity else Transform(fns, run.dataset, loader._pool, loader.order.seed)
-    counters = loader.counters
     run.fetcher = _fetcher(loader, run)
     run.task = BatchTask(run.indices, Gather(run.dataset, loader._pool, loader.columnar), transform, run.epoch, run.fetcher, counters)
     threads, depth = loader._threads_and_depth()
@@ -82,6 +82,8 @@ def iterate(loader: Any, epoch: int, position: int) -> Iterator[Any]:
     from chute.device import DeviceCopier, DevicePrefetcher
 
     def on_device() -> Iterator[Any]:
+        if meter is not None:
+            meter.start_pass(run)
         start(loader, run)  # in the training loop's thread, before the device stage's thread exists
         host = stream(run, None, meter, device_side=True)
         timing = None if meter is None else meter.device(run)

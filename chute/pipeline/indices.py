@@ -11,6 +11,8 @@ values are exactly ``order.batch(epoch, step, rank, world_size, start)``.
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +30,9 @@ class BatchIndices:
     thread may call :meth:`rows` and :meth:`ahead`; a chunk is computed once.
     """
 
-    def __init__(self, order: Order, epoch: int, rank: int, world_size: int, start: int) -> None:
+    def __init__(self, order: Order, epoch: int, rank: int, world_size: int, start: int, stage: Any = None) -> None:
         self.order, self.epoch, self.rank, self.world_size, self.start = order, epoch, rank, world_size, start
+        self.stage = stage  # the counters' "order" stage: the time spent computing chunks
         self.steps = order.num_batches(world_size, start)
         self.full = order.full_steps(world_size, start)
         self.per_chunk = max(1, CHUNK_ROWS // (order.batch_size * world_size))
@@ -62,7 +65,10 @@ class BatchIndices:
         with self._lock:
             chunk = self.chunks[k]
             if chunk is None:
+                began = time.perf_counter_ns()
                 first = k * self.per_chunk
                 count = min(self.per_chunk, self.full - first)
                 chunk = self.chunks[k] = self.order.steps(self.epoch, first, count, self.rank, self.world_size, self.start)
+                if self.stage is not None:  # a span in the trace, at the chunk's first step
+                    self.stage.record(began, time.perf_counter_ns(), 0, 0, first)
             return chunk

@@ -162,6 +162,7 @@ class Loader:
         self._explicit = False  # set_epoch / load_state_dict since the current pass began: it wins over the pass's end
         self._pass: Any = None
         self._processes = None
+        self._start_method = "spawn"  # of worker processes ("fork" only in tests: unsafe with threads and torch)
         self._epoch_shards: tuple[int, list[int]] | None = None  # progressive: (epoch, its shards) from a loaded state
         self.skipped: list[int] = []
         self._setup_measurement(counters_on)
@@ -291,6 +292,7 @@ class Loader:
         """A pass starts: the one before it, if still open, stops now."""
         previous = self._pass
         if previous is not None and previous is not run and not previous.closed_by_stream:
+            previous.ended_by = "a newer pass over the same loader"
             previous.close()
         self._pass = run
         self._explicit = False
@@ -348,6 +350,7 @@ class Loader:
             self._processes = ProcessPool(
                 self.dataset, self.order, self.fns, self.rank, self.world_size, workers=self.num_threads,
                 depth=self.prefetch, columnar=self.columnar, blocks=self._pool, counters=self.counters,
+                start_method=self._start_method,
             )
             self._processes_finalizer = weakref.finalize(self, self._processes.close)
         return self._processes
@@ -355,6 +358,7 @@ class Loader:
     def close(self) -> None:
         """Stop worker processes, if any (threads stop at the end of each pass), and a progressive filler."""
         if self._pass is not None:
+            self._pass.ended_by = self._pass.ended_by or "Loader.close()"
             self._pass.close()
         if self._progressive is not None:
             self._progressive.close()

@@ -220,14 +220,17 @@ class _PassRun:
     """The process pool's side of one pass: the receiver thread and the steps it owes the channel."""
 
     def __init__(self, pool: ProcessPool, run: Any, pass_id: int) -> None:
-        self.pool, self.run, self.id = pool, run, pass_id
+        self.pool, self.id = pool, pass_id  # (not the run itself: its finalizer holds this object)
         self.epoch, self.start = run.epoch, run.start
         self.channel = run.channel
         self.depth = pool.depth
         self.threads = pool.workers
         self.queued: collections.deque[int] = collections.deque()  # submitted by the loop, not sent yet
         self.sent: set[int] = set()  # sent to a worker, no reply filed yet
-        self.stopped = False
+        self.stopped = False  # the receiver is to stop (closed or failed)
+        self.closed = False
+        self.failure: BaseException | None = None  # what ended the pass; every step owed or submitted later raises it
+        self._lock = threading.Lock()  # submit vs fail: no step may fall between them
         self._wake_r, self._wake_w = os.pipe()
         self._counted = None
         self.thread = threading.Thread(target=self._pump, name=f"chute-procs-r{pool.rank}", daemon=True)
@@ -236,7 +239,11 @@ class _PassRun:
     # ------------------------------------------------------------------ the training loop's side
 
     def submit(self, step: int) -> None:
-        self.queued.append(step)
+        with self._lock:
+            if self.failure is not None:
+                self.channel.put(step, Failure(self.failure))
+                return
+            self.queued.append(step)
         try:
             os.write(self._wake_w, b"!")
         except OSError:  # closed meanwhile
@@ -244,9 +251,9 @@ class _PassRun:
 
     def close(self, timeout: float = 5.0, broken: bool = False) -> list[threading.Thread]:
         """End the pass: queued tasks are not run, results not taken are dropped; ``broken``: stop the workers."""
-        if self.stopped:
+        if self.closed:
             return []
-        self.stopped = True
+        self.closed = self.stopped = True
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"!")
         self.thread.join(timeout)
@@ -297,11 +304,15 @@ class _PassRun:
                 self.fail(exc)
 
     def fail(self, exc: BaseException) -> None:
-        """Deliver ``exc`` at the first step the loop has not received (the pass cannot go on)."""
-        owed = sorted(self.sent | set(self.queued))
-        step = owed[0] if owed else self.run.received
-        self.stopped = True
-        self.channel.put(step, Failure(exc))
+        """The pass cannot go on: every step owed to the loop, and every step submitted later, raises ``exc``."""
+        with self._lock:
+            self.failure = exc
+            self.stopped = True
+            owed = sorted(self.sent | set(self.queued))
+            self.sent.clear()
+            self.queued.clear()
+        for step in owed:
+            self.channel.put(step, Failure(exc))
 
     def _send(self) -> None:
         """Send queued steps while a ring slot is free."""
@@ -339,7 +350,7 @@ class _PassRun:
             ring.give_back(slot)
         self.channel.put(step, item)
 
-    def _count(self, step: int, rows: int, times: tuple[int, int, int]) -> None:
+    def _count(self, step: int, rows: int, times: tuple[int, ...]) -> None:
         counters = self.pool.counters
         if counters is None:
             return
@@ -348,12 +359,15 @@ class _PassRun:
                 counters.stage(name).workers = self.threads
             self._counted = (counters.read.cell(), counters.transform.cell())
         read_cell, transform_cell = self._counted
-        began, read, end = times
+        began, read, end, *parts = times
         read_cell.busy_ns += read - began
         read_cell.items += rows
         if end > read:
             transform_cell.busy_ns += end - read
             transform_cell.items += rows
+            for part, ns in zip(("per_sample", "collate", "batch_transform"), parts):
+                if ns:
+                    transform_cell.parts[part] = transform_cell.parts.get(part, 0) + ns
         counters.trace.append(("task", WORKER_PROCESSES_TID, began, read, end, step, rows, 0))
 
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from chute.errors import StallError
-from chute.pipeline.channel import Channel
+from chute.errors import ChuteError, StallError
+from chute.pipeline.channel import Channel, Closed
 
 log = logging.getLogger("chute")
 
@@ -51,6 +51,7 @@ class Pass:
         self.advanced = False  # ... and the loader moved to the next epoch
         self.closed_by_stream = False
         self.stalled = False
+        self.ended_by: str | None = None  # why the pass was ended from outside (a newer pass, close())
         self.shards: list[int] | None = None  # progressive: the epoch's shards
         self.holds: Any = None  # progressive: the holds on the epoch's shards
         self.fetcher: Any = None  # a remote dataset's downloader (or progressive holds)
@@ -58,10 +59,14 @@ class Pass:
         self.task: Any = None
         self.channel: Channel | None = None
         self.executor: Any = None
-        self.rows: collections.deque[tuple[int, int]] = collections.deque()  # device mode: (step, rows) of batches on their way
         self.host_done = False
 
     # ------------------------------------------------------------------ for the report and the watchdog
+
+    @property
+    def in_flight(self) -> int:
+        """Batches submitted to the workers and not yet taken by the loop."""
+        return max(0, self.submitted - self.received)
 
     def rows_of(self, step: int) -> list[int]:
         """The dataset rows of ``step``."""
@@ -91,10 +96,10 @@ class Pass:
 def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = False) -> Iterator[Any]:
     """The batches of ``run``, in order (the training loop's side, or the device stage's with ``device_side``)."""
     loader = run.loader
+    if meter is not None and not device_side:
+        meter.start_pass(run)  # before the stages start: the pass's window covers their first downloads
     if run.executor is None:
         loader._start_pass(run)
-    if meter is not None and not device_side:
-        meter.start_pass(run)
     channel, executor = run.channel, run.executor
     n = run.steps
     take, submit = channel.take, executor.submit
@@ -111,7 +116,6 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
         counters.name_thread()
         history = watch.history if watch is not None else None
         next_tick = tuner.next_ns if tuner is not None else 1 << 62
-    rows_out = run.rows.append if device_side else None
     called = clock()
     try:
         for step in range(n):
@@ -119,6 +123,8 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                 item = take(step, timeout)
             except TimeoutError:
                 item = watch.wait(run, step, take, called)
+            except Closed:
+                raise ended(run) from None
             got = clock()
             limit = step + 1 + executor.depth
             if limit > n:
@@ -141,9 +147,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                     loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
             if counters is None:
                 if batch is not None:
-                    if rows_out is not None:
-                        rows_out((step, rows))
-                    yield batch
+                    yield (step, rows, batch) if device_side else batch
                 continue
             consumer.wait_ns += got - called
             if batch is not None:
@@ -184,38 +188,41 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
             loader._ended(run)
 
 
-_END = object()  # the device stage's end-of-pass marker
+def ended(run: Pass) -> ChuteError:
+    """The error of a pass whose channel was closed under it."""
+    return ChuteError(f"this pass was ended by {run.ended_by or 'its loader'}; a Loader runs one pass at a time: iterate the new pass, or call iter(loader) again")
+
+
 
 
 def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = None) -> Iterator[Any]:
     """The training loop's side with a device: batches from the device stage, in order.
 
     The device stage's thread runs :func:`stream` (``device_side=True``),
-    which queues ``(step, rows)`` of every batch it passes on in ``run.rows``.
+    which yields ``(step, rows, batch)``; the device stage moves the batch and
+    hands the triple on.
     """
     clock = time.perf_counter_ns
     take = prefetcher.take
     timeout = watch.timeout(first=True) if watch is not None else -1
     counters = meter.counters if meter is not None else None
-    pending = run.rows
     loader = run.loader
-    if meter is not None:
-        meter.start_pass(run)
     called = clock()
     k = 0
     try:
         while True:
             try:
                 try:
-                    batch = take(timeout)
+                    step, rows, batch = take(timeout)
                 except TimeoutError:
-                    batch = watch.wait(run, run.received, lambda _, t: take(t), called)
+                    step, rows, batch = watch.wait(run, run.received, lambda _, t: take(t), called)
+            except Closed:
+                raise ended(run) from None
             except StopIteration:
                 if run.finished:  # the host took the last step, whose batch had every sample skipped
                     loader._finished(run)
                 return
             got = clock()
-            step, rows = pending.popleft()
             run.received = step + 1
             if step == run.steps - 1:
                 loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
@@ -246,10 +253,10 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
         run.stalled = True
         raise
     finally:
+        run.close()  # first: the device stage's thread may be waiting on the pass's channel
         prefetcher.close()
         if counters is not None:
             meter.end_pass(run)
-        run.close()
         loader._ended(run)
 
 

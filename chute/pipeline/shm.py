@@ -106,4 +106,4 @@ def numel(shape: tuple[int, ...]) -> int:
 
 
 def align(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+    return -(-n // ALIGN) * ALIGN

@@ -44,7 +44,9 @@ class BatchTask:
     def register(self, ident: int) -> int:
         """A new worker (call from its own thread): its number ``w``."""
         counters = self.counters
-        cells = None if counters is None else (counters.read.cell(), counters.transform.cell(), counters.trace.append)
+        cells = None if counters is None else (
+            counters.order.cell(), counters.read.cell(), counters.transform.cell(), counters.trace.append
+        )
         with self._lock:
             w = len(self.building)
             self.building.append(-1)
@@ -81,7 +83,8 @@ class BatchTask:
                 end = read
             cells = self._cells[w]
             if cells is not None:
-                read_cell, transform_cell, trace = cells
+                order_cell, read_cell, transform_cell, trace = cells
+                order_cell.items += len(indices)
                 read_cell.busy_ns += read - start - waited
                 read_cell.wait_in_ns += waited
                 read_cell.items += len(indices)
@@ -90,7 +93,9 @@ class BatchTask:
                     transform_cell.busy_ns += end - read
                     transform_cell.items += rows
                     parts = transform_cell.parts
-                    parts["per_sample"] = parts.get("per_sample", 0) + end - read
+                    for part, ns in zip(_PARTS, transform.times):
+                        if ns:
+                            parts[part] = parts.get(part, 0) + ns
                     transform_cell.nbytes += nbytes_of(batch)  # the finished batch (the autotuner's memory budget)
                 else:
                     transform_cell.nbytes += self._row_bytes * rows
@@ -106,7 +111,8 @@ class BatchTask:
         return time.perf_counter_ns() - began
 
 
-_NONE: list[int] = []  # no sample skipped (shared, never mutated)
+_NONE: list[int] = []
+_PARTS = ("per_sample", "collate", "batch_transform")  # no sample skipped (shared, never mutated)
 
 
 def nbytes_of(batch: Any) -> int:

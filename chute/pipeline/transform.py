@@ -24,6 +24,7 @@ sample a stuck transform is working on.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -101,13 +102,21 @@ class Transform:
         self.scalars = {name for name, ctype in dataset.schema if isinstance(ctype, Scalar)}
 
     def __call__(self, batch: dict[str, Any], indices: np.ndarray, epoch: int, progress: list[int], w: int) -> tuple[Any, list[int]]:
-        """``(batch, skipped rows)``; the batch is None when every sample was skipped."""
+        """``(batch, skipped rows)``; the batch is None when every sample was skipped.
+
+        ``times`` holds, after the call, the nanoseconds spent in the
+        per-sample loop, the collate and the batch transform (for the counters).
+        """
         fns = self.fns
         skipped: list[int] = []
+        clock = time.perf_counter_ns
+        began = clock()
+        collate_ns = 0
         if fns.batched:
             batch = fns.transform.transform_batch(batch, BatchContext(indices, epoch, self.seed, self.pool))
         elif fns.per_sample:
-            batch, skipped = self._per_sample(batch, indices, progress, w)
+            batch, skipped, collate_ns = self._per_sample(batch, indices, progress, w)
+        per_sample = clock()
         if fns.batch_transform is not None and batch is not None:
             try:
                 batch = fns.batch_transform(batch)
@@ -117,9 +126,10 @@ class Transform:
                     f"batch_transform {_name(fns.batch_transform)} failed on a batch of {len(indices)} samples "
                     f"starting with {first}: {type(exc).__name__}: {exc}"
                 ) from exc
+        self.times = (per_sample - began - collate_ns, collate_ns, clock() - per_sample)
         return batch, skipped
 
-    def _per_sample(self, batch: dict[str, Any], indices: np.ndarray, progress: list[int], w: int) -> tuple[Any, list[int]]:
+    def _per_sample(self, batch: dict[str, Any], indices: np.ndarray, progress: list[int], w: int) -> tuple[Any, list[int], int]:
         fns = self.fns
         samples = unbind(batch, self.scalars)
         rows = indices.tolist()
@@ -154,13 +164,16 @@ class Transform:
             if skipped and collate is not None:
                 kept_rows = [r for r in rows if r not in set(skipped)]
                 collate.origin = self._origin(kept_rows)
+        began = time.perf_counter_ns()
         if collate is not None:
             if not collate.samples and not collate.count:
-                return None, skipped
-            return collate.result(), skipped
-        if not kept:
-            return None, skipped
-        return fns.collate(kept), skipped
+                return None, skipped, 0
+            batch = collate.result()
+        elif not kept:
+            return None, skipped, 0
+        else:
+            batch = fns.collate(kept)
+        return batch, skipped, time.perf_counter_ns() - began
 
     def _origin(self, rows: list[int]) -> Callable[[int], str]:
         return lambda j: self.describe(rows[j])

@@ -83,16 +83,18 @@ class Builder:
                 self._indices.popitem(last=False)
         return indices.rows(step)
 
-    def __call__(self, epoch: int, start: int, step: int) -> tuple[Any, int, list[int], tuple[int, int, int]]:
-        """``(batch, rows, skipped, (start, read, end) times)``."""
+    def __call__(self, epoch: int, start: int, step: int) -> tuple[Any, int, list[int], tuple[int, ...]]:
+        """``(batch, rows, skipped, times)``: times are ``(start, read, end)`` and the transform's parts."""
         began = time.perf_counter_ns()
         indices = self.indices(epoch, start, step)
         batch = self.gather(indices)
         read = time.perf_counter_ns()
         skipped: list[int] = []
+        parts: tuple[int, ...] = (0, 0, 0)
         if self.transform is not None:
             batch, skipped = self.transform(batch, indices, epoch, self.progress, 0)
-        return batch, len(indices) - len(skipped), skipped, (began, read, time.perf_counter_ns())
+            parts = self.transform.times
+        return batch, len(indices) - len(skipped), skipped, (began, read, time.perf_counter_ns(), *parts)
 
 
 def serve(conn: connection.Connection, builder: Builder) -> None:

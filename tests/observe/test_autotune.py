@@ -179,9 +179,9 @@ def test_never_exceeds_its_thread_and_memory_budgets(ds):
     loader = chute.Loader(ds, BATCH, transform=decode, workers=chute.Workers(max_count=2, max_prefetch_bytes=budget))
     worst_threads = worst_in_flight = 0
     for i, _ in enumerate(loader):
-        pool = loader._pass.pool
-        worst_threads = max(worst_threads, pool.threads, live_threads())
-        worst_in_flight = max(worst_in_flight, pool.in_flight)
+        run = loader._pass
+        worst_threads = max(worst_threads, run.executor.threads, live_threads())
+        worst_in_flight = max(worst_in_flight, run.in_flight)
         if i == 150:
             break
     del _

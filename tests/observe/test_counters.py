@@ -13,7 +13,8 @@ import torch
 import chute
 from chute.errors import ChuteError
 from chute.observe.counters import Counters
-from chute.pipeline.threads import OrderedPool
+from chute.pipeline.channel import Channel
+from chute.pipeline.threads import ThreadExecutor
 
 N = 600
 BATCH = 8
@@ -181,7 +182,31 @@ def test_chute_observe_is_the_function_even_after_importing_submodules():
     assert (report.batches, report.samples) == (2, 7)
 
 
-def test_pool_grows_and_shrinks_while_results_stay_in_order():
+class _Task:
+    """A batch task stand-in for the executor: ``fn(step)`` on a worker thread."""
+
+    def __init__(self, fn):
+        self.fn, self.workers = fn, 0
+
+    def register(self, ident):
+        self.workers += 1
+        return self.workers - 1
+
+    def __call__(self, step, start, w):
+        return self.fn(step), time.perf_counter_ns()
+
+
+def _results(executor, channel, steps):
+    """Take ``steps`` results in order, submitting ahead as the Loader's stream does."""
+    submitted = 0
+    for step in range(steps):
+        while submitted < min(steps, step + executor.depth):
+            executor.submit(submitted)
+            submitted += 1
+        yield channel.take(step, 10)
+
+
+def test_executor_grows_and_shrinks_while_results_stay_in_order():
     release = threading.Event()
 
     def slow(i):
@@ -189,35 +214,37 @@ def test_pool_grows_and_shrinks_while_results_stay_in_order():
             release.wait(5)
         return i * 10
 
-    pool = OrderedPool(slow, 1, 8, name="test-pool")
+    channel = Channel(16)
+    executor = ThreadExecutor(_Task(slow), channel, 1, 8, name="test-pool")
     try:
-        results = pool.map(range(40))
+        results = _results(executor, channel, 40)
         assert [next(results) for _ in range(3)] == [0, 10, 20]
-        pool.resize(4)  # task 3 blocks one thread; the others keep going
-        assert pool.threads == 4
+        executor.resize(4)  # task 3 blocks one thread; the others keep going
+        assert executor.threads == 4
         assert len([t for t in threading.enumerate() if t.name.startswith("test-pool")]) == 4
         release.set()
         assert next(results) == 30
-        retired = pool._threads[2:]
-        pool.resize(2)
-        assert pool.threads == 2
-        pool.depth = 2
+        retired = executor._threads[2:]
+        executor.resize(2)
+        assert executor.threads == 2
+        executor.set_depth(2)
         assert list(results) == [i * 10 for i in range(4, 40)]
         for thread in retired:
             thread.join(5)  # a retired thread exits once it has finished its task
         assert len([t for t in threading.enumerate() if t.name.startswith("test-pool")]) == 2
     finally:
-        assert pool.close() == []
+        assert executor.close() == []
 
 
-def test_pool_counts_busy_and_idle_time_per_thread():
+def test_executor_counts_busy_and_idle_time_per_thread():
     counters = Counters()
     stage = counters.stage("workers")
-    pool = OrderedPool(lambda i: time.sleep(0.01) or i, 2, 2, name="test-pool", stage=stage)
+    channel = Channel(4)
+    executor = ThreadExecutor(_Task(lambda i: time.sleep(0.01) or i), channel, 2, 2, name="test-pool", stage=stage)
     try:
-        assert list(pool.map(range(10))) == list(range(10))
+        assert list(_results(executor, channel, 10)) == list(range(10))
     finally:
-        pool.close()
+        executor.close()
     totals = stage.totals()
     assert totals.items == 10
     assert totals.busy_ns >= 10 * 10_000_000  # each task slept 10 ms

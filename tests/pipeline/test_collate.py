@@ -1,4 +1,4 @@
-"""The Loader's default collate: what default_collate gives, built one sample at a time into reused buffers."""
+"""The Loader's default collate: what default_collate gives, built into reused blocks, with errors that name the sample."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import torch
 from torch.utils.data import default_collate
 
 import chute
-from chute.pipeline.batch import StreamCollate
-from chute.pipeline.buffers import BufferPool
+from chute.pipeline.buffers import BlockPool
+from chute.pipeline.collate import STREAM_BYTES, Collate, CollateError
 
 
-def _collate(samples, pool=None):
-    sink = StreamCollate(len(samples), pool or BufferPool(keep=4))
+def _collate(samples, pool=None, n=None):
+    sink = Collate(len(samples) if n is None else n, pool or BlockPool(), lambda j: f"sample {j}")
     for s in samples:
         sink.add(s)
     return sink.result()
@@ -63,25 +63,41 @@ def test_a_sample_that_does_not_fit_gives_default_collates_result_or_error():
     grads = [torch.ones(2) for _ in range(3)] + [torch.ones(2, requires_grad=True)]
     _same(_collate(grads).detach(), default_collate(grads).detach())
     ragged = [{"x": torch.zeros(3)}, {"x": torch.zeros(3)}, {"x": torch.zeros(4)}]
-    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+    with pytest.raises(CollateError, match=r"cannot collate the values of key 'x': sample 2 gives Tensor of shape \(4,\) "
+                       r"where sample 0 gives Tensor of shape \(3,\).*collate=list"):
         _collate(ragged)
-    missing = [{"x": torch.zeros(3), "y": 1}, {"x": torch.zeros(3)}]
-    with pytest.raises(KeyError):
-        default_collate(missing)  # default_collate's own behaviour...
-    _same(_collate(list(reversed(missing))), default_collate(list(reversed(missing))))  # ...and ours where it has one
     mixed = [torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int32)]
     _same(_collate(mixed), default_collate(mixed))
 
 
-def test_fewer_samples_than_planned_gives_a_shorter_batch():
-    sink = StreamCollate(8, BufferPool(keep=2))
-    for i in range(3):
-        sink.add({"x": torch.full((2,), i)})
-    assert sink.result()["x"].tolist() == [[0, 0], [1, 1], [2, 2]]
+def test_dicts_with_different_keys_and_none_samples_name_the_sample():
+    with pytest.raises(CollateError, match=r"dicts with different keys: sample 1 lacks \['y'\] compared with sample 0.*collate=list"):
+        _collate([{"x": torch.zeros(3), "y": 1}, {"x": torch.zeros(3)}])
+    with pytest.raises(CollateError, match=r"sample 1 has extra \['y'\]"):
+        _collate([{"x": torch.zeros(3)}, {"x": torch.zeros(3), "y": 1}])
+    with pytest.raises(CollateError, match=r"the transform returned None for sample 2.*return the sample"):
+        _collate([{"x": 1}, {"x": 2}, None])
+    with pytest.raises(CollateError, match=r"the transform returned None for sample 1"):
+        _collate([torch.zeros(2), None])
+
+
+@pytest.mark.parametrize("size", [4, STREAM_BYTES])  # stacked at the end, or copied in as the samples come
+def test_fewer_samples_than_planned_gives_a_shorter_batch(size):
+    batch = _collate([{"x": torch.full((size,), i, dtype=torch.uint8)} for i in range(3)], n=8)
+    assert batch["x"].shape == (3, size) and batch["x"][:, 0].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("size", [4, STREAM_BYTES])
+def test_large_and_small_samples_match_default_collate(size):
+    samples = [{"x": torch.full((size,), i, dtype=torch.uint8), "label": i, "name": f"s{i}"} for i in range(5)]
+    _same(_collate(samples), default_collate(samples))
+    odd = samples[:3] + [{"x": torch.zeros(size + 1, dtype=torch.uint8), "label": 3, "name": "s3"}]
+    with pytest.raises(CollateError, match="sample 3 gives Tensor"):
+        _collate(odd)
 
 
 def test_buffers_are_reused_only_once_nobody_holds_the_batch():
-    pool = BufferPool(keep=4)
+    pool = BlockPool()
     first = _collate(_dicts(4), pool)
     second = _collate(_dicts(4), pool)
     assert first["image"].data_ptr() != second["image"].data_ptr()  # the first is still held
@@ -117,7 +133,7 @@ def test_a_loader_epoch_is_right_and_kept_batches_are_never_rewritten(ds):
     assert sorted(labels) == list(range(100))
     for batch in kept:  # every batch still holds its own images
         assert torch.equal(batch["image"][:, 0, 0, 0], batch["label"].to(torch.uint8))
-    assert loader._buffers.allocated >= len(kept)  # all held: none could be reused
+    assert loader._pool.allocated >= len(kept)  # all held: none could be reused
 
 
 def test_a_loader_reuses_batch_buffers_the_loop_dropped(ds):
@@ -126,7 +142,7 @@ def test_a_loader_reuses_batch_buffers_the_loop_dropped(ds):
         for batch in loader:
             pass
     del batch
-    assert loader._buffers.allocated <= 8  # 39 batches, a handful of buffers
+    assert loader._pool.allocated <= 12  # 39 batches, a handful of blocks
 
 
 def test_skipped_samples_leave_a_shorter_batch(ds):

@@ -77,8 +77,7 @@ def loader(ds: chute.Dataset, batch_size: int = BATCH, **kwargs: Any) -> chute.L
     """
     kwargs.setdefault("shuffle", True)
     kwargs.setdefault("seed", SEED)
-    kwargs.setdefault("stall_timeout", STALL_S)
-    kwargs.setdefault("on_stall", "raise")
+    kwargs.setdefault("watchdog", chute.Watchdog(STALL_S, on_stall="raise"))
     return chute.Loader(ds, batch_size, **kwargs)
 
 
