@@ -35,10 +35,7 @@ import torch
 
 from chute.format.schema import Bytes, ColumnType, Json, Map, Ragged, Scalar, String, Tensor, storage_dtype
 
-try:
-    from chute import _native
-except ImportError:  # pragma: no cover - DEVELOPMENT ONLY, removed when the extension lands
-    from chute import _native_shim as _native
+from chute import _native
 
 Unmapped = _native.Unmapped
 CorruptShard = _native.CorruptShard
