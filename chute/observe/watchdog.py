@@ -69,24 +69,29 @@ _STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("
 
 
 class WaitHistory:
-    """The consumer's recent waits in ``next()`` (seconds), kept across passes."""
+    """The consumer's recent waits in ``next()`` (seconds), kept across passes.
 
-    __slots__ = ("_waits", "count")
+    A ring of ``size`` values: the loop writes ``values[count % size]`` and
+    increments ``count`` itself (no call per batch), or calls :meth:`add`.
+    """
+
+    __slots__ = ("values", "size", "count")
 
     def __init__(self, size: int = HISTORY) -> None:
-        self._waits = [0.0] * size
+        self.values = [0.0] * size
+        self.size = size
         self.count = 0
 
     def add(self, seconds: float) -> None:
-        self._waits[self.count % len(self._waits)] = seconds
+        self.values[self.count % self.size] = seconds
         self.count += 1
 
     def percentile(self, q: float) -> float | None:
         """The ``q``-quantile (0..1) of the recent waits, or None before any."""
-        n = min(self.count, len(self._waits))
+        n = min(self.count, self.size)
         if not n:
             return None
-        values = sorted(self._waits[:n])
+        values = sorted(self.values[:n])
         return values[min(n - 1, int(q * n))]
 
 
@@ -282,6 +287,7 @@ class StallWatch:
             if log.hasHandlers():
                 log.warning("%s", text.rstrip())
             if self.on_stall == "raise":
+                run.stalled = True  # its workers may be stuck for good: the pass is closed without waiting for them
                 headline = f"no batch for {waited:.1f} s (stall_timeout {timeout:g} s) while waiting for {details.waiting_for}"
                 if details.stuck:
                     headline += f"; stuck: {details.stuck}"

@@ -35,9 +35,15 @@ import torch
 
 
 class Lease(weakref.ref):
-    """A weak reference to the view a tensor was made from; ``block`` goes back to the pool when it dies."""
+    """A weak reference to the view a tensor was made from; ``block`` goes back to the pool when it dies.
+
+    Hashed by identity (the view it refers to is not hashable), so the pool can
+    keep its leases in a dict without a Python call per batch.
+    """
 
     __slots__ = ("block",)
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
 
 
 class BlockPool:
@@ -50,51 +56,42 @@ class BlockPool:
     def __init__(self, pin: bool = False) -> None:
         self.pin = pin
         self._free: dict[tuple[tuple[int, ...], np.dtype], list[Lease]] = {}
-        self._leases: dict[int, Lease] = {}  # leases out, by id: a weakref's callback fires only while it lives
+        self._leases: dict[Lease, None] = {}  # leases out: a weakref's callback fires only while the weakref lives
         self.allocated = 0  # blocks ever allocated (stays flat once the pool is warm)
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, Any]:
         """``(array, tensor)``: a writable block of ``shape`` and ``dtype``, as numpy and as torch (one memory)."""
-        key = (shape, dtype)
-        free = self._free.get(key)
-        if free is None:
-            free = self._free[key] = []
-        if free:
-            old = free.pop()
-            block = old.block
-            del self._leases[id(old)]
-        else:
-            block = self._allocate(shape, dtype)
-        view = block[...]
-        lease = Lease(view, free.append)
-        lease.block = block
-        self._leases[id(lease)] = lease
-        return view, torch.from_numpy(view)
+        arrays, tensors = self.take_all(((shape, dtype),), 1)
+        return arrays[0], tensors[0]
 
-    def take_all(self, shapes: list[tuple[int, ...]], dtypes: list[np.dtype]) -> tuple[list[np.ndarray], list[Any]]:
-        """:meth:`take` for several blocks at once (a batch's fixed-size columns): ``(arrays, tensors)``."""
-        count = len(shapes)
+    def take_all(self, keys: tuple[tuple[tuple[int, ...], np.dtype], ...], count: int) -> tuple[list[np.ndarray], list[Any]]:
+        """:meth:`take` for ``count`` blocks at once, one per ``(shape, dtype)`` key: ``(arrays, tensors)``.
+
+        The Loader's per-batch call (a batch's fixed-size columns): two C calls per block.
+        """
         arrays: list[Any] = [None] * count
         tensors: list[Any] = [None] * count
         free_lists = self._free
         leases = self._leases
-        for j in range(count):
-            key = (shapes[j], dtypes[j])
-            free = free_lists.get(key)
-            if free is None:
+        j = 0
+        for key in keys:
+            try:
+                free = free_lists[key]
+            except KeyError:
                 free = free_lists[key] = []
             if free:
                 old = free.pop()
                 block = old.block
-                del leases[id(old)]
+                del leases[old]
             else:
-                block = self._allocate(shapes[j], dtypes[j])
+                block = self._allocate(*key)
             view = block[...]
             lease = Lease(view, free.append)
             lease.block = block
-            leases[id(lease)] = lease
+            leases[lease] = None
             arrays[j] = view
             tensors[j] = torch.from_numpy(view)
+            j += 1
         return arrays, tensors
 
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -107,7 +104,7 @@ class BlockPool:
         """Forget all but ``keep`` free blocks of each shape (after a burst of batches the user held)."""
         for free in self._free.values():
             while len(free) > keep:
-                del self._leases[id(free.pop(0))]
+                del self._leases[free.pop(0)]
 
     @property
     def free(self) -> int:

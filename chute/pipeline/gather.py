@@ -29,18 +29,19 @@ class Gather:
         self.dtypes = [dtype for _, _, dtype, _ in fixed]
         # torch dtypes numpy lacks (bfloat16): the block is built as its storage dtype, then viewed
         self.views = [(j, t) for j, (_, _, d, t) in enumerate(fixed) if _needs_view(d, t)]
-        self._cached: tuple[int, list[tuple[int, ...]]] = (-1, [])  # (rows, block shapes): one object, thread-safe
+        self.count = len(fixed)
+        self._cached: tuple[int, tuple] = (-1, ())  # (rows, block keys): one object, thread-safe
         self.variable_names = dataset.variable_columns
         names = dataset.schema.names
         self.reorder = names if names != self.fixed_names + self.variable_names else None
 
-    def __call__(self, indices: np.ndarray) -> dict[str, Any]:
-        n = len(indices)
-        rows, shapes = self._cached
+    def __call__(self, indices: np.ndarray, n: int) -> dict[str, Any]:
+        """The batch of rows ``indices`` (``n`` of them)."""
+        rows, keys = self._cached
         if n != rows:  # a new batch size (the first batch, the last one of an epoch)
-            shapes = [(n, *shape) for shape in self.shapes]
-            self._cached = (n, shapes)
-        arrays, tensors = self.pool.take_all(shapes, self.dtypes)
+            keys = tuple(((n, *shape), dtype) for shape, dtype in zip(self.shapes, self.dtypes))
+            self._cached = (n, keys)
+        arrays, tensors = self.pool.take_all(keys, self.count)
         values = self.dataset.read(indices, arrays, self.columnar)
         for j, dtype in self.views:
             tensors[j] = tensors[j].view(dtype)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from chute.errors import ChuteError, StallError
+from chute.errors import ChuteError
 from chute.pipeline.channel import Channel, Closed
 
 log = logging.getLogger("chute")
@@ -158,7 +158,8 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                 if meter.first_batch_ns is None:
                     meter.first_batch_ns = got - meter.pass_began
                 if history is not None and step:
-                    history.add((got - called) / 1e9)
+                    history.values[history.count % history.size] = (got - called) / 1e9
+                    history.count += 1
                 yield batch
             done = clock()
             consumer.compute_ns += done - got
@@ -174,9 +175,6 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
             if watch is not None and not step % TIMEOUT_EVERY:
                 timeout = watch.timeout(first=False)
             called = done
-    except StallError:
-        run.stalled = True
-        raise
     finally:
         run.submitted = submitted
         if device_side:
@@ -249,9 +247,6 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
                 timeout = watch.timeout(first=False)
             called = done
             k += 1
-    except StallError:
-        run.stalled = True
-        raise
     finally:
         run.close()  # first: the device stage's thread may be waiting on the pass's channel
         prefetcher.close()

@@ -70,9 +70,10 @@ class BatchTask:
             waited = 0
             if self.fetcher is not None:
                 waited = self._fetch(step, indices)
-            batch = self.gather(indices)
+            n = len(indices)
+            batch = self.gather(indices, n)
             read = time.perf_counter_ns()
-            rows = len(indices)
+            rows = n
             skipped = _NONE
             transform = self.transform
             if transform is not None:
@@ -84,11 +85,11 @@ class BatchTask:
             cells = self._cells[w]
             if cells is not None:
                 order_cell, read_cell, transform_cell, trace = cells
-                order_cell.items += len(indices)
+                order_cell.items += n
                 read_cell.busy_ns += read - start - waited
                 read_cell.wait_in_ns += waited
-                read_cell.items += len(indices)
-                read_cell.nbytes += self._row_bytes * len(indices)
+                read_cell.items += n
+                read_cell.nbytes += self._row_bytes * n
                 if transform is not None:
                     transform_cell.busy_ns += end - read
                     transform_cell.items += rows

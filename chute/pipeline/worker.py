@@ -87,7 +87,7 @@ class Builder:
         """``(batch, rows, skipped, times)``: times are ``(start, read, end)`` and the transform's parts."""
         began = time.perf_counter_ns()
         indices = self.indices(epoch, start, step)
-        batch = self.gather(indices)
+        batch = self.gather(indices, len(indices))
         read = time.perf_counter_ns()
         skipped: list[int] = []
         parts: tuple[int, ...] = (0, 0, 0)
