@@ -1,4 +1,4 @@
-"""The index converter: MISSION.md section 1's CSV + per-sample .pkl.gz files, and friends."""
+"""The index converter: the write-up's CSV + per-sample .pkl.gz files, and friends."""
 
 from __future__ import annotations
 
