@@ -50,24 +50,23 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
+def _number(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
+    """An argparse type: a number above ``minimum`` (or equal to it, if ``inclusive``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not (value >= minimum if inclusive else value > minimum):
+            raise argparse.ArgumentTypeError(f"must be {'at least' if inclusive else 'more than'} {minimum:g}, got {text}")
+        return value
+
+    return parse
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
+_positive = _number(0, inclusive=False)
+_non_negative = _number(0, inclusive=True)
 
 
 def _column_type(text: str):

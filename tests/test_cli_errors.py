@@ -72,7 +72,7 @@ def test_negative_workers_and_zero_shard_size_are_usage_errors(capsys, index, tm
         "chute convert: error: argument --shard-size: must be more than 0 bytes, got 0"
     )
     assert _usage_error(capsys, "bench", dst, "--batch-size", "0") == "chute bench: error: argument --batch-size: must be 1 or more, got 0"
-    assert _usage_error(capsys, "tune", dst, "--step-ms", "-5") == "chute tune: error: argument --step-ms: must be 0 or more, got -5"
+    assert _usage_error(capsys, "tune", dst, "--step-ms", "-5") == "chute tune: error: argument --step-ms: must be at least 0, got -5"
     assert _usage_error(capsys, "convert", index, dst, "--data-type", "float32[]") == (
         "chute convert: error: argument --data-type: cannot read 'float32[]' as a column type; write one of json, "
         "bytes, string, scalar(int64), map(string), ragged(float32, 2), tensor(uint8, (3, 32, 32))"
