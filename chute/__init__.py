@@ -2,46 +2,73 @@
 
 Stream a dataset from local disk or object storage into PyTorch as shuffled,
 batched tensors, and find out when the data side is what slows training down.
+
+The public names are resolved on first use (PEP 562), so ``import chute`` loads
+neither torch, pyarrow nor fsspec: the command line answers ``chute --help``
+at once, and a program pays for what it touches.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from chute.device import DeviceLoader, to_device
-from chute.errors import (
-    CacheFullError,
-    ChuteError,
-    ManifestError,
-    PickleRefusedError,
-    RemoteError,
-    SchemaError,
-    ShardError,
-    StallError,
-)
-from chute.format import (
-    Bytes,
-    Dataset,
-    Json,
-    Map,
-    Ragged,
-    Scalar,
-    Schema,
-    String,
-    Tensor,
-    Writer,
-    write,
-)
-from chute.storage.open import open_dataset as open
-from chute.pipeline import Loader, Shuffle, TorchIterable, Watchdog, Workers
+# Public name -> the module that defines it ("module:attribute" when the name differs there).
+# Adding a public name is one line here.
+_EXPORTS = {
+    "ChuteError": "chute.errors",
+    "ManifestError": "chute.errors",
+    "SchemaError": "chute.errors",
+    "ShardError": "chute.errors",
+    "PickleRefusedError": "chute.errors",
+    "StallError": "chute.errors",
+    "RemoteError": "chute.errors",
+    "CacheFullError": "chute.errors",
+    "open": "chute.storage.open:open_dataset",
+    "write": "chute.format.writer",
+    "Writer": "chute.format.writer",
+    "Dataset": "chute.format.reader",
+    "Schema": "chute.format.schema",
+    "Tensor": "chute.format.schema",
+    "Ragged": "chute.format.schema",
+    "Scalar": "chute.format.schema",
+    "Bytes": "chute.format.schema",
+    "String": "chute.format.schema",
+    "Map": "chute.format.schema",
+    "Json": "chute.format.schema",
+    "to_device": "chute.device",
+    "DeviceLoader": "chute.device",
+    "Loader": "chute.pipeline.loader",
+    "TorchIterable": "chute.pipeline.torch_iterable",
+    "Workers": "chute.pipeline.config",
+    "Shuffle": "chute.pipeline.config",
+    "Watchdog": "chute.pipeline.config",
+    "observe": "chute.observe.consumer",
+}
 
-# Last, so that ``chute.observe`` is the function, not the subpackage of the same name
-# (import submodules as ``from chute.observe.report import Report``).
-from chute.observe.consumer import observe  # noqa: E402
+__all__ = ["__version__", *_EXPORTS]
 
-__all__ = [
-    "__version__",
-    "ChuteError", "ManifestError", "SchemaError", "ShardError", "PickleRefusedError", "StallError",
-    "RemoteError", "CacheFullError",
-    "open", "write", "Writer", "Dataset", "Schema",
-    "Tensor", "Ragged", "Scalar", "Bytes", "String", "Map", "Json",
-    "to_device", "DeviceLoader", "Loader", "TorchIterable", "Workers", "Shuffle", "Watchdog", "observe",
-]
+
+def __getattr__(name: str) -> Any:
+    """Import the module behind a public name the first time the name is used."""
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'chute' has no attribute {name!r}")
+    module, _, attribute = target.partition(":")
+    value = getattr(importlib.import_module(module), attribute or name)
+    globals()[name] = value  # later lookups do not come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+# ``chute.observe`` is the function, but importing the subpackage of the same name
+# (which the Loader does) would rebind the attribute to the subpackage; binding the
+# function after the subpackage is loaded keeps it. The subpackage needs only the
+# standard library, so this costs a few milliseconds. Submodules are imported as
+# ``from chute.observe.report import Report``.
+__getattr__("observe")

@@ -1,38 +1,115 @@
-"""The ``chute`` command: convert, inspect, bench, tune, doctor, demo (docs/cli.md)."""
+"""The ``chute`` command: convert, inspect, bench, tune, doctor, demo (docs/cli.md).
+
+Every command imports what it needs when it runs, so ``chute --help`` and
+``chute --version`` answer without loading torch. A mistake the user can fix
+(a :class:`~chute.errors.ChuteError`, or an OSError on a path they gave) is one
+line on stderr, ``chute <command>: error: ...``, and exit status 1; anything
+else is a bug in chute and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
+import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from chute import __version__
 from chute._sizes import format_size, parse_size
 from chute.errors import ChuteError
+
+SIGPIPE_EXIT = 128 + 13  # what a shell reports for a process stopped by SIGPIPE
 
 
 def _size(text: str) -> int:
     try:
-        return parse_size(text)
+        size = parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 bytes, got {text}")
+    return size
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer no smaller than ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+
+    return parse
+
+
+def _number(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
+    """An argparse type: a number above ``minimum`` (or equal to it, if ``inclusive``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not (value >= minimum if inclusive else value > minimum):
+            raise argparse.ArgumentTypeError(f"must be {'at least' if inclusive else 'more than'} {minimum:g}, got {text}")
+        return value
+
+    return parse
+
+
+_positive = _number(0, inclusive=False)
+_non_negative = _number(0, inclusive=True)
+
+
+def _column_type(text: str):
+    from chute.sources._column_type import parse_column_type
+
+    try:
+        return parse_column_type(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"name one or more columns, comma-separated, got {text!r}")
+    return names
+
+
+CONVERT_OPTIONS = ("path_column", "root", "data_type", "split", "columns")
+"""``chute convert`` flags that go to one kind of converter only (unset ones are not passed)."""
 
 
 def _convert(args: argparse.Namespace) -> int:
     from chute.sources import convert
 
+    kind_specific = {name: getattr(args, name) for name in CONVERT_OPTIONS if getattr(args, name) is not None}
     start = time.perf_counter()
-    ds = convert(
-        args.src,
-        args.dst,
-        kind=args.kind,
-        allow_pickle=args.allow_pickle,
-        workers=args.workers,
-        shard_size=args.shard_size,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
+    try:
+        ds = convert(
+            args.src,
+            args.dst,
+            kind=args.kind,
+            allow_pickle=args.allow_pickle,
+            workers=args.workers,
+            shard_size=args.shard_size,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+            **kind_specific,
+        )
+    except OSError as exc:
+        if _concerns(exc, args.dst):
+            raise ChuteError(f"cannot write the dataset to {args.dst}: {_os_error_text(exc)}") from None
+        raise
     elapsed = time.perf_counter() - start
     print(
         f"wrote {len(ds):,} rows in {len(ds.shards)} shard(s), {format_size(ds.nbytes)}, "
@@ -88,7 +165,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from chute.demo import run_demo
 
-    run_demo(files=args.files, workers=args.workers, keep=args.keep, steps=args.steps)
+    run_demo(files=args.files, workers=args.workers, keep=args.keep, steps=args.steps, runs=args.runs)
     return 0
 
 
@@ -187,15 +264,9 @@ def _require_matplotlib() -> None:
         raise ChuteError("--plot needs matplotlib: pip install 'chute[plot]'")
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chute", description="Keep the accelerator fed: convert, inspect and read chute datasets.")
+    parser.add_argument("--version", action="version", version=f"chute {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("convert", help="convert a dataset (index of files, image folder, parquet/arrow, HF, numpy, webdataset) to chute's format")
@@ -203,10 +274,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="directory to write the chute dataset to")
     p.add_argument("--kind", choices=["index", "images", "arrow", "hf", "numpy", "webdataset"], help="source kind (default: detected from SRC)")
     p.add_argument("--allow-pickle", action="store_true", help="unpickle .pkl/.pickle files (runs code from the files: only for files you trust)")
-    p.add_argument("--workers", type=int, default=None, help="reader processes (default: CPU count; 0 reads in this process)")
+    p.add_argument("--workers", type=_at_least(0), default=None, help="reader processes (default: CPU count; 0 reads in this process)")
     p.add_argument("--shard-size", type=_size, default="128MiB", help="target shard size, e.g. 64MB (default 128MiB)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--path-column", default=None, help="index: the CSV column holding the file paths (default: path, else the first)")
+    p.add_argument("--root", metavar="FOLDER", default=None, help="index: the folder relative paths start from (default: the index file's folder)")
+    p.add_argument("--data-type", type=_column_type, default=None, metavar="TYPE",
+                   help="index: the type of the data column, e.g. 'ragged(float32, 2)', json, bytes (default: inferred)")
+    p.add_argument("--split", default=None, help="hf: the split of a DatasetDict to convert")
+    p.add_argument("--columns", type=_names, default=None, metavar="A,B,...", help="arrow, hf: convert only these columns")
     p.set_defaults(run=_convert)
 
     p = sub.add_parser("inspect", help="show a dataset's schema, rows, shards, sizes and checksums")
@@ -216,19 +293,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_inspect)
 
     p = sub.add_parser("demo", help="generate a many-small-pickles dataset, convert it, and compare reading it with chute vs a torch DataLoader")
-    p.add_argument("--files", type=int, default=2000, help="number of per-sample .pkl.gz files to generate (default 2000)")
-    p.add_argument("--workers", type=int, default=None, help="DataLoader workers for the baseline (default: CPU count)")
-    p.add_argument("--steps", type=int, default=300, help="training steps for the tiny-model comparison (default 300)")
+    p.add_argument("--files", type=_at_least(1), default=2000, help="number of per-sample .pkl.gz files to generate (default 2000)")
+    p.add_argument("--workers", type=_at_least(0), default=None, help="num_workers of the multi-process DataLoader baseline, also run at 0 (default: CPU count)")
+    p.add_argument("--steps", type=_at_least(1), default=60, help="training steps per run of the tiny-model comparison (default 60)")
+    p.add_argument("--runs", type=_at_least(1), default=5, help="timed runs of each contender; medians are printed (default 5)")
     p.add_argument("--keep", action="store_true", help="keep the generated files and dataset")
     p.set_defaults(run=_demo)
 
     p = sub.add_parser("bench", help="measure a Loader on a dataset: throughput, time to first batch, per-stage utilisation")
     p.add_argument("dataset", help="a chute dataset: local path or URL")
-    p.add_argument("--batch-size", type=int, default=256, help="samples per batch (default 256)")
-    p.add_argument("--threads", type=int, default=None, help="worker threads (default: autotuned) or processes with --workers processes")
+    p.add_argument("--batch-size", type=_at_least(1), default=256, help="samples per batch (default 256)")
+    p.add_argument("--threads", type=_at_least(1), default=None, help="worker threads (default: autotuned) or processes with --workers processes")
     p.add_argument("--workers", choices=["threads", "processes"], default="threads", help="worker kind (default threads)")
-    p.add_argument("--prefetch", type=int, default=None, help="batches in flight (default: autotuned)")
-    p.add_argument("--epochs", type=int, default=1, help="passes over the dataset (default 1; --seconds may end the run sooner)")
+    p.add_argument("--prefetch", type=_at_least(1), default=None, help="batches in flight (default: autotuned)")
+    p.add_argument("--epochs", type=_at_least(1), default=1, help="passes over the dataset (default 1; --seconds may end the run sooner)")
     p.add_argument("--seconds", type=_positive, default=None, help="stop after this many seconds")
     p.add_argument("--no-shuffle", action="store_true", help="read in storage order")
     p.add_argument("--transform", metavar="MODULE:FUNCTION", default=None, help="per-sample transform to run, e.g. mypkg.transforms:decode")
@@ -239,10 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="run the autotuner against a simulated training step and print the settings it finds, and why")
     p.add_argument("dataset", help="a chute dataset: local path or URL")
-    p.add_argument("--step-ms", type=float, default=10.0, help="simulated training step per batch, in ms (default 10)")
-    p.add_argument("--batch-size", type=int, default=256, help="samples per batch (default 256)")
+    p.add_argument("--step-ms", type=_non_negative, default=10.0, help="simulated training step per batch, in ms (default 10)")
+    p.add_argument("--batch-size", type=_at_least(1), default=256, help="samples per batch (default 256)")
     p.add_argument("--seconds", type=_positive, default=20.0, help="how long to run (default 20)")
-    p.add_argument("--max-threads", type=int, default=None, help="the autotuner's CPU budget (default: the usable CPUs)")
+    p.add_argument("--max-threads", type=_at_least(1), default=None, help="the autotuner's CPU budget (default: the usable CPUs)")
     p.add_argument("--transform", metavar="MODULE:FUNCTION", default=None, help="per-sample transform to run, e.g. mypkg.transforms:decode")
     p.add_argument("--cache-dir", default=None, help="node cache for a remote dataset")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -251,22 +329,67 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check this machine for what makes data loading slow or fail, and what to change")
     p.add_argument("dataset", nargs="?", help="a chute dataset to check against (size, shards, remote backend)")
     p.add_argument("--cache-dir", default=None, help="the node cache directory to check (default $CHUTE_CACHE_DIR or ~/.cache/chute)")
-    p.add_argument("--batch-size", type=int, default=256, help="for the /dev/shm estimate (default 256)")
-    p.add_argument("--prefetch", type=int, default=None, help="for the /dev/shm estimate (default 2 per worker)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes, for the /dev/shm estimate (default: CPUs, at most 8)")
+    p.add_argument("--batch-size", type=_at_least(1), default=256, help="for the /dev/shm estimate (default 256)")
+    p.add_argument("--prefetch", type=_at_least(1), default=None, help="for the /dev/shm estimate (default 2 per worker)")
+    p.add_argument("--workers", type=_at_least(1), default=None, help="worker processes, for the /dev/shm estimate (default: CPUs, at most 8)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(run=_doctor)
     return parser
+
+
+def _os_error_text(exc: OSError) -> str:
+    """``/data/x: Permission denied`` plus what to do, for an OSError on a path the user gave."""
+    paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    text = f"{paths}: {exc.strerror or exc}" if paths else str(exc.strerror or exc)
+    hint = {
+        errno.EACCES: "check its permissions",
+        errno.EPERM: "check its permissions",
+        errno.EROFS: "the file system is read-only",
+        errno.ENOSPC: "the disk is full",
+    }.get(exc.errno or 0)
+    return f"{text} ({hint})" if hint else text
+
+
+def _concerns(exc: OSError, path: str) -> bool:
+    """Whether ``exc`` is about ``path``, a folder above it or a file inside it."""
+    if exc.filename is None:
+        return False
+    target = os.path.abspath(os.path.expanduser(path))
+    failed = os.path.abspath(os.fspath(exc.filename))
+    return failed == target or target.startswith(failed.rstrip(os.sep) + os.sep) or failed.startswith(target + os.sep)
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"chute {command}: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _stop_writing_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.run(args)
+        status = args.run(args)
+        sys.stdout.flush()  # here, so that a closed pipe is seen below and not at exit
+        return status
     except ChuteError as exc:
-        print(f"chute {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(args.command, str(exc))
+    except BrokenPipeError:
+        # the reader went away (`chute inspect ds | head`): stop quietly, as other command-line tools do
+        _stop_writing_stdout()
+        return SIGPIPE_EXIT
+    except (ConnectionError, TimeoutError, socket.gaierror) as exc:  # the network, not chute
+        return _fail(args.command, f"{type(exc).__name__}: {exc}; check the address and that the server is up")
+    except OSError as exc:
+        if exc.filename is None:
+            raise  # not about a path the user gave: a bug, keep the traceback
+        return _fail(args.command, _os_error_text(exc))
     except KeyboardInterrupt:
         print(f"chute {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -41,10 +41,32 @@ def test_bench_prints_throughput_first_batch_and_stage_utilisation(dataset, caps
     assert code == 0, err
     assert f"{ROWS:,} rows in {len(dataset.shards)} shard(s)" in out
     assert "workers='threads', 2 worker(s)" in out and "(autotuned: prefetch)" in out
-    assert f"({ROWS:,} samples in 13 batches" in out and "samples/s" in out and "MB/s" in out
+    assert f"({ROWS:,} samples in 13 batches" in out and "samples/s" in out and "MB/s of stored data" in out
+    assert "steady state " in out and "after start-up" in out
     assert "first batch  0." in out
     assert "utilisation  " in out and "read " in out
     assert "chute.Loader report (loader life)" in out  # the loader's own report follows
+
+
+def test_bench_counts_the_bytes_of_map_and_string_columns(tmp_path, capsys):
+    samples = ({"tags": {f"k{j}": f"{i:05d}" for j in range(10)}, "text": f"sample {i}" * 5} for i in range(300))
+    ds = chute.write(samples, tmp_path / "w1", shard_size=8000)
+    code, out, err = _run(capsys, "bench", str(ds.root), "--batch-size", "64", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["samples"] == 300 and result["bytes"] == ds.nbytes > 0 and result["mb_per_s"] > 0
+
+
+def test_steady_state_leaves_out_the_wait_for_the_first_batch():
+    from chute.observe.bench import steady_rate
+
+    # the first batch after 2 s of start-up, then a batch of 100 every 0.1 s: 1,000 samples/s
+    stamps = [(2.0 + 0.1 * i, 100) for i in range(51)]
+    start, rate = steady_rate(stamps)
+    assert start == pytest.approx(2.0 + 0.2 * 5.0)
+    assert rate == pytest.approx(1000.0)
+    assert sum(n for _, n in stamps) / stamps[-1][0] == pytest.approx(5100 / 7.0)  # the mean, which start-up drags down
+    assert steady_rate(stamps[:1]) == (0.0, 0.0)  # one batch: no rate to speak of
 
 
 def test_bench_with_every_setting_given_tunes_nothing(dataset, capsys):
@@ -58,8 +80,9 @@ def test_bench_json_counts_every_sample_of_every_epoch(dataset, capsys):
     assert code == 0, err
     result = json.loads(out)
     assert result["samples"] == 2 * ROWS and result["batches"] == 2 * 7 and result["epochs"] == 2
-    assert result["bytes"] == 2 * ROWS * (3 * 8 * 8 + 8)  # the image and the int64 label of every sample
+    assert result["bytes"] == 2 * dataset.nbytes  # two passes read the dataset's stored bytes twice
     assert result["samples_per_s"] > 0 and result["mb_per_s"] > 0 and result["first_batch_s"] > 0
+    assert 0 < result["steady_from_s"] <= result["elapsed_s"] and result["steady_samples_per_s"] > 0
     assert result["timeline"] and sum(1 for _ in result["timeline"]) <= 60
     assert "read" in result["report"]["stages"] and result["report"]["samples"] == 2 * ROWS
     assert result["report"]["settings"]["autotune"] is True
@@ -154,7 +177,7 @@ def test_bench_runs_a_transform_named_module_colon_function(dataset, capsys):
     assert code == 0, err
     result = json.loads(out)
     assert result["transform"] == "tests.test_cli_observe:as_float"
-    assert result["bytes"] == ROWS * (3 * 8 * 8 * 4 + 8)  # float32 images came out
+    assert result["bytes"] == dataset.nbytes  # MB/s counts what was read, whatever the transform makes of it
     code, out, err = _run(capsys, "bench", dataset.root, "--transform", "tests.test_cli_observe:nothing_here")
     assert code == 1 and "--transform tests.test_cli_observe:nothing_here: tests.test_cli_observe has no nothing_here" in err
     code, out, err = _run(capsys, "tune", dataset.root, "--transform", "as_float", "--seconds", "0.1")

@@ -5,6 +5,13 @@ nothing else), for a number of epochs or seconds, and records throughput
 (samples/s, MB/s), time to the first batch, throughput over time, and the
 loader's own report (per-stage utilisation, bottleneck, settings).
 
+MB/s counts the dataset's stored bytes (its shards' size per row, on average)
+for every sample delivered, so map, string and JSON columns count as much as
+tensors do, and the loop pays nothing per batch to measure it. Besides the
+mean over the whole run, which includes the wait for the first batch, the
+result gives the steady-state rate: the rate after start-up (see
+:func:`steady_rate`).
+
 ``tune`` runs the autotuner (``Loader(num_threads=None)``) against a simulated
 training loop that spends ``step_ms`` per batch (a sleep: the CPU stays free
 for the loader, as it would while a GPU computes), and reports the settings it
@@ -24,6 +31,7 @@ from chute._sizes import format_size
 from chute.errors import ChuteError
 
 TIMELINE_BINS = 60  # points of throughput over time (for the plot and the JSON)
+STARTUP_FRACTION = 0.2  # of the time after the first batch, left out of the steady-state rate
 
 
 @dataclasses.dataclass
@@ -40,10 +48,11 @@ class BenchResult:
     epochs: int  # passes started (the last may be partial)
     batches: int
     samples: int
-    bytes: int
+    bytes: int  # stored bytes of the samples delivered (the dataset's bytes per row x samples)
     elapsed_s: float  # from iter() to the last batch
     first_batch_s: float  # from Loader construction to the first batch
     timeline: list[tuple[float, float]]  # (seconds since the first iter(), samples/s over the bin)
+    steady: tuple[float, float]  # (from, samples/s): the steady-state rate and when its window starts
     report: dict[str, Any]  # loader.report(since="start").to_json()
     report_text: str
     transform: str = ""  # the per-sample transform's name, if any
@@ -56,10 +65,17 @@ class BenchResult:
     def mb_per_s(self) -> float:
         return self.bytes / self.elapsed_s / 1e6 if self.elapsed_s > 0 else 0.0
 
+    @property
+    def steady_samples_per_s(self) -> float:
+        return self.steady[1]
+
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out.pop("report_text")
+        out.pop("steady")
         out["samples_per_s"] = round(self.samples_per_s, 3)
+        out["steady_samples_per_s"] = round(self.steady_samples_per_s, 3)
+        out["steady_from_s"] = round(self.steady[0], 4)
         out["mb_per_s"] = round(self.mb_per_s, 3)
         out["timeline"] = [[round(t, 4), round(r, 3)] for t, r in self.timeline]
         return out
@@ -73,8 +89,9 @@ class BenchResult:
             f"dataset      {self.dataset}: {self.rows:,} rows in {self.shards} shard(s), {format_size(self.nbytes)}",
             f"loader       batch {self.batch_size}, workers={self.workers!r}, {threads} worker(s), prefetch {settings.get('prefetch')} ({how})"
             + (f", transform {self.transform}" if self.transform else ""),
-            f"throughput   {self.samples_per_s:,.0f} samples/s, {self.mb_per_s:,.1f} MB/s "
+            f"throughput   {self.samples_per_s:,.0f} samples/s, {self.mb_per_s:,.1f} MB/s of stored data "
             f"({self.samples:,} samples in {self.batches:,} batches, {self.elapsed_s:.2f} s, {self.epochs} pass(es))",
+            f"steady state {self.steady_samples_per_s:,.0f} samples/s (from {self.steady[0]:.2f} s on, after start-up)",
             f"first batch  {self.first_batch_s:.3f} s after the Loader was made",
         ]
         if self.step_ms:
@@ -112,8 +129,8 @@ def run(
     ``step_ms``: a simulated training step per batch (``time.sleep``), as ``chute tune`` uses.
     """
     from chute.format.reader import Dataset
-    from chute.storage.open import open_dataset
     from chute.pipeline.config import Workers
+    from chute.storage.open import open_dataset
     from chute.pipeline.loader import Loader
     from chute.pipeline.task import nbytes_of
 
@@ -127,7 +144,7 @@ def run(
     )
     stamps: list[tuple[float, int]] = []  # (time since start, samples in the batch)
     first_batch: float | None = None
-    nbytes = batches = samples = passes = 0
+    batches = samples = passes = 0
     start = time.perf_counter()
     deadline = start + seconds if seconds is not None else None
     step_s = step_ms / 1000.0
@@ -143,7 +160,6 @@ def run(
                 n = _rows(batch)
                 stamps.append((now - start, n))
                 samples += n
-                nbytes += nbytes_of(batch)
                 batches += 1
                 got += 1
                 if step_s:
@@ -160,8 +176,9 @@ def run(
         loader.close()
     return BenchResult(
         dataset=str(ds.root), rows=len(ds), shards=len(ds.shards), nbytes=int(ds.nbytes), batch_size=batch_size,
-        workers=workers, step_ms=step_ms, epochs=passes, batches=batches, samples=samples, bytes=nbytes,
-        elapsed_s=elapsed, first_batch_s=first_batch or 0.0, timeline=timeline(stamps, elapsed),
+        workers=workers, step_ms=step_ms, epochs=passes, batches=batches, samples=samples,
+        bytes=round(samples * ds.nbytes / len(ds)) if len(ds) else 0,
+        elapsed_s=elapsed, first_batch_s=first_batch or 0.0, timeline=timeline(stamps, elapsed), steady=steady_rate(stamps),
         report=report_json, report_text=report_text, transform=_name((loader_kwargs or {}).get("transform")),
     )
 
@@ -190,6 +207,24 @@ def timeline(stamps: list[tuple[float, int]], elapsed: float, bins: int = TIMELI
     return [((i + 1) * width, c / width) for i, c in enumerate(counts)]
 
 
+def steady_rate(stamps: list[tuple[float, int]], startup: float = STARTUP_FRACTION) -> tuple[float, float]:
+    """``(window start, samples/s)`` once start-up is over.
+
+    Start-up is the wait for the first batch plus the first ``startup`` of the time
+    after it (threads starting, caches warming, the autotuner's first steps); the
+    rate counts the samples that arrived after it. ``stamps`` are ``(seconds, samples)``
+    per batch, in arrival order. With fewer than two batches there is no window: ``(0, 0)``.
+    """
+    if len(stamps) < 2:
+        return 0.0, 0.0
+    first, last = stamps[0][0], stamps[-1][0]
+    start = first + startup * (last - first)
+    if last <= start:
+        return start, 0.0
+    samples = sum(n for t, n in stamps if t > start)
+    return start, samples / (last - start)
+
+
 def plot(result: BenchResult, path: str | os.PathLike, title: str | None = None) -> str:
     """Write throughput over time and stage utilisation to an image (PNG, SVG, PDF by extension)."""
     try:
@@ -205,7 +240,10 @@ def plot(result: BenchResult, path: str | os.PathLike, title: str | None = None)
         xs = [t for t, _ in result.timeline]
         ys = [r for _, r in result.timeline]
         top.plot(xs, ys, drawstyle="steps-pre", color="tab:blue")
-        top.axhline(result.samples_per_s, color="tab:gray", linestyle="--", linewidth=1, label=f"mean {result.samples_per_s:,.0f}/s")
+        since, rate = result.steady
+        if rate:
+            top.hlines(rate, since, result.elapsed_s, color="tab:gray", linestyle="--", linewidth=1,
+                       label=f"steady state {rate:,.0f}/s (from {since:.2f} s)")
         top.set_xlabel("seconds")
         top.set_ylabel("samples/s")
         top.set_ylim(bottom=0)

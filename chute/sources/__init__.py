@@ -14,6 +14,7 @@ module                 source
 ``dispatch``           ``convert``: detect, then run the right converter
 ``_files``             reading one file by extension (the pickle rule lives here)
 ``_arrow``             Arrow types -> chute columns, batch by batch
+``_column_type``       a column type written as text (``--data-type``)
 ``_parallel``          reader processes with results in source order
 ``_write``             samples -> committed dataset, errors naming the source
 ``_progress``          the progress bar on stderr

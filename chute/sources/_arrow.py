@@ -187,7 +187,10 @@ def scan_shapes(schema: pa.Schema, batches: Iterable[tuple[pa.RecordBatch, str]]
             try:
                 scans[name].add(get(batch.column(name)))
             except ColumnError as exc:
-                raise ChuteError(f"{where}: column {name!r}: {exc}; fill or drop them before converting") from None
+                raise ChuteError(
+                    f"{where}: column {name!r}: {exc}; fill them before converting, or leave the column out "
+                    "(columns= / chute convert --columns)"
+                ) from None
     return scans
 
 
@@ -227,7 +230,9 @@ def _plan_column(name: str, arrow_type: pa.DataType, scan: ShapeScan | None) -> 
     if pa.types.is_map(t) and (pa.types.is_string(t.key_type) or pa.types.is_large_string(t.key_type)):
         return Column(name, Map(_map_value_kind(t.item_type)), via(_map_values))
     if pa.types.is_null(t):
-        raise ChuteError(f"column {name!r} has Arrow type null (every value missing); drop it before converting")
+        raise ChuteError(
+            f"column {name!r} has Arrow type null (every value missing); leave it out (columns= / chute convert --columns)"
+        )
     return Column(name, Json(), via(lambda a: [to_jsonable(v) for v in a.to_pylist()]), nullable=True)
 
 
@@ -364,7 +369,7 @@ def _column_values(batch: pa.RecordBatch, column: Column, where: str, row0: int)
         raise ChuteError(
             f"{where} row {row0 + first}: column {column.name!r} is null ({array.null_count} null(s) in rows "
             f"{row0}..{row0 + len(array) - 1}); chute columns cannot hold missing values: fill them "
-            "(pyarrow.compute.fill_null) or drop the column"
+            "(pyarrow.compute.fill_null) or leave the column out (columns= / chute convert --columns)"
         )
     try:
         return column.convert(array)

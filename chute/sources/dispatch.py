@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -49,9 +50,9 @@ def convert(
     converter unpickle ``.pkl`` files (they can run arbitrary code: only for files you
     trust). ``workers`` is the number of reader processes for the index and image
     converters (default: one per CPU; 0 reads in this process). ``kind_specific``
-    goes to the converter (e.g. ``path_column=`` for index, ``split=`` for hf,
-    ``columns=`` for arrow/hf, ``column=`` for numpy). If anything fails, nothing valid
-    is left at ``dst``.
+    goes to the converter (e.g. ``path_column=``, ``root=``, ``data_type=`` for index,
+    ``split=`` for hf, ``columns=`` for arrow/hf, ``column=`` for numpy); an option the
+    kind does not take is an error. If anything fails, nothing valid is left at ``dst``.
     """
     if kind is None:
         kind = detect_kind(src)
@@ -62,4 +63,16 @@ def convert(
         options["workers"] = workers
     if kind == "index":
         options["allow_pickle"] = allow_pickle
-    return CONVERTERS[kind](src, dst, **options, **kind_specific)
+    converter = CONVERTERS[kind]
+    _check_options(kind, converter, kind_specific)
+    return converter(src, dst, **options, **kind_specific)
+
+
+def _check_options(kind: str, converter: Callable[..., Any], options: dict[str, Any]) -> None:
+    """Refuse options the converter of ``kind`` does not take, naming them as in Python and on the command line."""
+    accepted = inspect.signature(converter).parameters
+    unknown = [name for name in options if name not in accepted]
+    if unknown:
+        named = ", ".join(f"{name}= (--{name.replace('_', '-')})" for name in unknown)
+        takes = [name for name, p in accepted.items() if p.kind is p.KEYWORD_ONLY]
+        raise ChuteError(f"{named} does not apply to {kind} sources; {converter.__name__} takes {', '.join(takes)}")

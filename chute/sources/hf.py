@@ -65,7 +65,7 @@ def load_hf(src: Any, split: str | None) -> tuple[Any, str, str | None]:
         if split is None and len(loaded) == 1:
             split = next(iter(loaded))
         if split not in loaded:
-            raise ChuteError(f"{where} has splits {sorted(loaded)}; choose one with split=")
+            raise ChuteError(f"{where} has splits {sorted(loaded)}; choose one with split= (chute convert --split NAME)")
         loaded, where = loaded[split], f"{where} split {split!r}"
     elif split is not None:
         raise ChuteError(f"split={split!r} was given but {where} is a single Dataset, not a DatasetDict")

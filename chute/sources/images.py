@@ -10,7 +10,9 @@ The layout torchvision's ``ImageFolder`` reads. Each image becomes one row:
 The class names are stored in the dataset's metadata (``ds.metadata["class_names"]``).
 Rows are sorted by class, then by path, so converting twice gives the same dataset.
 Files that are not images (by extension) are skipped and counted; hidden files and
-directories (names starting with ``.``) are ignored.
+directories (names starting with ``.``) are ignored. A class folder without images
+is refused, as torchvision's ``ImageFolder`` does: it would still take a label and
+shift the labels of every class after it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ def _walk_files(top: str) -> Iterator[str]:
                 yield os.path.join(dirpath, name)
 
 
+def _check_no_empty_class(top: str, classes: list[str], images: list[tuple[str, int]], extensions: frozenset[str]) -> None:
+    """Refuse class folders without images: each would take a label and shift the later ones."""
+    labelled = {label for _, label in images}
+    empty = [name for label, name in enumerate(classes) if label not in labelled]
+    if empty:
+        others = f" (and {len(empty) - 1} more: {', '.join(empty[1:4])}{', ...' if len(empty) > 4 else ''})" if len(empty) > 1 else ""
+        raise ChuteError(
+            f"class folder {os.path.join(top, empty[0])} holds no images ({' '.join(sorted(extensions))}){others}; "
+            "every class folder becomes a label, so an empty one would shift the labels of the classes after it: "
+            "remove it or add its images"
+        )
+
+
 def read_image_bytes(path: str) -> bytes:
     """The encoded bytes of one image file."""
     try:
@@ -94,6 +109,7 @@ def from_image_folder(
             f"found no images in {top}: expected {top}/<class name>/<image> with extensions "
             f"{' '.join(sorted(exts))} ({len(classes)} class director(ies), {len(skipped)} other file(s))"
         )
+    _check_no_empty_class(top, classes, images, exts)
     bar = Progress(len(images), "chute convert (images)", enabled=progress, unit="images")
     if skipped:
         bar.note(f"skipping {len(skipped)} file(s) that are not images or not in a class directory, e.g. {skipped[0]}")

@@ -1,17 +1,19 @@
 """Convert an index of per-sample files (a CSV or a list of paths) into a chute dataset.
 
-This is MISSION.md section 1's layout: a CSV index and one small file per sample
-(``N.pkl.gz``: a gzipped pickle of a dict). Each file is read and decoded by its
-extension (see :mod:`chute.sources._files`) in reader processes; the main
-process writes one row per index entry, in index order:
+The layout of the "why does my DataLoader hang?" write-up: a CSV index and one
+small file per sample (``N.pkl.gz``: a gzipped pickle of a dict). Each file is
+read and decoded by its extension (see :mod:`chute.sources._files`) in reader
+processes; the main process writes one row per index entry, in index order:
 
-* ``path``: the path as written in the index;
+* ``path``: the path as written in the index (``\\`` separators become ``/``);
 * every other index column, typed int if all its values parse as int, else float
   if they all parse as float, else str;
 * ``data``: the file's content (a dict becomes a map column, so keys that differ
   from file to file are all kept).
 
-Pickles are refused unless the caller opts in, before any file is read.
+An unnamed first column (what pandas' ``DataFrame.to_csv`` writes for the row
+index) is skipped. Pickles are refused unless the caller opts in, before any file
+is read.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ from chute.sources._write import DEFAULT_SHARD_SIZE, write_samples
 
 DATA_COLUMN = "data"
 PATH_COLUMN = "path"
+DATA_TYPE_HINT = (
+    "declare the data column's type with from_index(..., data_type=...) or chute convert --data-type TYPE, "
+    "e.g. data_type=chute.Ragged(\"float32\", 2) or --data-type 'ragged(float32, 2)'"
+)
+ROOT_HINT = "if the index's paths are relative to another folder, pass root= (chute convert --root FOLDER)"
 
 
 @dataclasses.dataclass
@@ -40,19 +47,31 @@ class Index:
     """The parsed index: one entry per sample, in file order."""
 
     source: str  # the index file, for messages
-    paths: list[str]  # as written
+    paths: list[str]  # as written, "/"-separated
     places: list[str]  # "index.csv row 3" per entry
     extras: dict[str, list[Any]]  # other columns, typed
 
-    def resolve(self) -> list[str]:
-        """The paths made absolute (relative ones are relative to the index file's directory)."""
-        base = os.path.dirname(os.path.abspath(self.source))
+    def base(self, root: str | os.PathLike | None = None) -> str:
+        """The folder relative paths start from: ``root`` if given, else the index file's folder."""
+        folder = os.path.expanduser(os.fspath(root)) if root is not None else os.path.dirname(self.source)
+        return os.path.abspath(folder)
+
+    def resolve(self, root: str | os.PathLike | None = None) -> list[str]:
+        """The paths made absolute (relative ones are relative to :meth:`base`)."""
+        base = self.base(root)
         return [os.path.normpath(os.path.join(base, p)) for p in self.paths]
+
+
+def normalise_path(path: str) -> str:
+    """``path`` with Windows separators (``\\``) turned into ``/``, so an index written on Windows works here."""
+    return path.replace("\\", "/")
 
 
 def read_index(index_path: str | os.PathLike, *, path_column: str | None = None) -> Index:
     """Parse an index: ``.csv``/``.tsv`` with a header row, anything else one path per line."""
     source = os.fspath(index_path)
+    if os.path.isdir(source):
+        raise ChuteError(f"{source} is a folder; an index source is a .csv/.tsv file or a text file of paths")
     if not os.path.isfile(source):
         raise ChuteError(f"index file {source} does not exist")
     if source.lower().endswith((".csv", ".tsv")):
@@ -68,7 +87,7 @@ def _read_lines(source: str) -> Index:
     with open(source, encoding="utf-8-sig") as f:
         for line_number, line in enumerate(f, start=1):
             if line.strip():
-                paths.append(line.strip())
+                paths.append(normalise_path(line.strip()))
                 places.append(f"{name} line {line_number}")
     return Index(source, paths, places, {})
 
@@ -80,11 +99,15 @@ def _read_csv(source: str, delimiter: str, path_column: str | None) -> Index:
         header = next(reader, None)
         if not header:
             raise ChuteError(f"index {source} is empty; a CSV index needs a header row naming its columns")
-        _check_header(header, source)
+        kept = _columns_to_read(header, source)
+        names = [header[i] for i in kept]
         if path_column is None:
-            path_column = PATH_COLUMN if PATH_COLUMN in header else header[0]
-        elif path_column not in header:
-            raise ChuteError(f"index {source} has no column {path_column!r}; its columns are {header}")
+            path_column = PATH_COLUMN if PATH_COLUMN in names else names[0]
+        elif path_column not in names:
+            raise ChuteError(
+                f"index {source} has no column {path_column!r}; its columns are {names}: "
+                "pass the one that holds the file paths as path_column= (chute convert --path-column)"
+            )
         rows, places = [], []
         for row in reader:
             if not any(cell.strip() for cell in row):
@@ -94,8 +117,8 @@ def _read_csv(source: str, delimiter: str, path_column: str | None) -> Index:
                 raise ChuteError(f"{place} has {len(row)} fields, the header has {len(header)}; fix the index")
             rows.append(row)
             places.append(place)
-    columns = {column: [row[i] for row in rows] for i, column in enumerate(header)}
-    paths = columns.pop(path_column)
+    columns = {header[i]: [row[i] for row in rows] for i in kept}
+    paths = [normalise_path(path) for path in columns.pop(path_column)]
     for place, path in zip(places, paths):
         if not path.strip():
             raise ChuteError(f"{place}: the path column {path_column!r} is empty")
@@ -108,12 +131,18 @@ def _read_csv(source: str, delimiter: str, path_column: str | None) -> Index:
     return Index(source, paths, places, {column: parse_column(values) for column, values in columns.items()})
 
 
-def _check_header(header: list[str], source: str) -> None:
-    if any(not name.strip() for name in header):
+def _columns_to_read(header: list[str], source: str) -> list[int]:
+    """Positions of the header's columns to read: all but an unnamed first one (pandas' row index)."""
+    kept = list(range(len(header)))
+    if len(header) > 1 and not header[0].strip():
+        kept = kept[1:]  # DataFrame.to_csv writes the row index first, under an empty name
+    if any(not header[i].strip() for i in kept):
         raise ChuteError(f"index {source}: the header {header} has an empty column name; name every column")
-    duplicates = sorted({name for name in header if header.count(name) > 1})
+    names = [header[i] for i in kept]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ChuteError(f"index {source}: the header repeats column(s) {duplicates}; column names must be unique")
+    return kept
 
 
 def parse_column(values: list[str]) -> list[int] | list[float] | list[str]:
@@ -142,6 +171,7 @@ def from_index(
     *,
     allow_pickle: bool = False,
     path_column: str | None = None,
+    root: str | os.PathLike | None = None,
     data_type: ColumnType | None = None,
     workers: int | None = None,
     start_method: str | None = None,
@@ -154,8 +184,9 @@ def from_index(
     Columns: ``path``, the index's other columns, and ``data`` (each file's content by
     extension: ``.pkl``/``.pickle`` unpickled (only with ``allow_pickle=True``), ``.json``
     parsed, ``.npy`` loaded, images and anything else as bytes; ``.gz`` is gunzipped
-    first). The path column is ``path_column``, else ``path`` if present, else the first.
-    Paths are relative to the index file's directory. ``data``'s type is inferred from the
+    first). The path column is ``path_column``, else ``path`` if present, else the first
+    named one. Relative paths start from ``root``, by default the index file's folder;
+    ``\\`` separators are read as ``/``. ``data``'s type is inferred from the
     first files unless ``data_type`` declares it (e.g. ``chute.Ragged("float32", 2)`` when
     ``.npy`` shapes vary beyond the first files). Files are read by ``workers``
     processes (default: one per CPU; 0 reads in this process).
@@ -167,7 +198,15 @@ def from_index(
     schema = None
     if data_type is not None:
         schema = {PATH_COLUMN: String(), **{k: _extra_type(v) for k, v in index.extras.items()}, DATA_COLUMN: data_type}
-    items = list(zip(index.places, index.paths, index.resolve()))
+    if root is not None and not os.path.isdir(index.base(root)):
+        raise ChuteError(f"root={os.fspath(root)!r}: {index.base(root)} is not a folder; pass the folder the index's paths start from")
+    resolved = index.resolve(root)
+    if not os.path.exists(resolved[0]):  # most likely every path starts from another folder
+        raise ChuteError(
+            f"{index.places[0]}: file {index.paths[0]} does not exist (looked for {resolved[0]}); "
+            f"relative paths start from {index.base(root)}: {ROOT_HINT}"
+        )
+    items = list(zip(index.places, index.paths, resolved))
     with OrderedPool(workers, start_method=start_method) as pool:
         read = functools.partial(call_chunk, load_indexed_file, {"allow_pickle": allow_pickle})
         contents = pool.map(read, chunked(items, chunk_size_for(len(items), pool.workers)))
@@ -176,8 +215,8 @@ def from_index(
             dst,
             progress=Progress(len(items), "chute convert (index)", enabled=progress, unit="files"),
             schema=schema,
-            schema_hint="declare the data column's type with from_index(..., data_type=...)",
-            metadata={"source": {"kind": "index", "index": os.path.abspath(index.source)}},
+            schema_hint=DATA_TYPE_HINT,
+            metadata={"source": {"kind": "index", "index": os.path.abspath(index.source), "root": index.base(root)}},
             shard_size=shard_size,
             overwrite=overwrite,
         )

@@ -8,5 +8,5 @@ from source_data import write_pickle_index
 
 @pytest.fixture
 def pickle_index(tmp_path):
-    """MISSION.md section 1's layout with 40 samples: (index.csv path, the dicts in order)."""
+    """The write-up's layout (CSV index + per-sample .pkl.gz dicts) with 40 samples: (index.csv path, the dicts in order)."""
     return write_pickle_index(tmp_path / "src", 40)

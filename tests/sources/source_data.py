@@ -13,7 +13,7 @@ from PIL import Image
 
 
 def ten_key_dict(rng: random.Random) -> dict[str, str]:
-    """MISSION.md section 1's sample: ten random 5-digit-string keys to 5-digit-string values."""
+    """The "why does my DataLoader hang?" write-up's sample: ten random 5-digit-string keys to 5-digit-string values."""
     return {f"{rng.randrange(10**5):05d}": f"{rng.randrange(10**5):05d}" for _ in range(10)}
 
 

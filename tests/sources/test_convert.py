@@ -104,8 +104,9 @@ def test_a_chute_dataset_is_not_a_source(sources, tmp_path):
 def test_explicit_kind_and_kind_specific_options(sources, tmp_path):
     ds = convert(sources["numpy"], tmp_path / "out", kind="numpy", column="x", progress=False)
     assert ds.schema.names == ["x"]
-    with pytest.raises(TypeError):
-        convert(sources["numpy"], tmp_path / "out2", kind="numpy", no_such_option=1, progress=False)
+    with pytest.raises(ChuteError, match=r"path_column= \(--path-column\) does not apply to numpy sources; from_numpy takes column"):
+        convert(sources["numpy"], tmp_path / "out2", kind="numpy", path_column="p", progress=False)
+    assert not (tmp_path / "out2").exists()
 
 
 def test_overwrite(sources, tmp_path):

@@ -84,3 +84,19 @@ def test_an_unreadable_image_mid_way_leaves_no_dataset(tmp_path):
     with pytest.raises(ChuteError, match=r"dog/img05b\.jpg"):
         from_image_folder(tmp_path / "src", tmp_path / "out", workers=2, shard_size=500, progress=False)
     assert no_dataset_at(tmp_path / "out")
+
+
+def test_an_empty_class_folder_is_refused_naming_it(tmp_path):
+    """torchvision's ImageFolder refuses it too: the empty class would take label 1 and shift "dog" to 2."""
+    _make_folder(tmp_path / "src")
+    (tmp_path / "src" / "cow").mkdir()  # sorts between cat and dog
+    (tmp_path / "src" / "emu").mkdir()
+    (tmp_path / "src" / "emu" / "notes.txt").write_text("not an image")  # no image: empty as a class
+    with pytest.raises(ChuteError) as info:
+        from_image_folder(tmp_path / "src", tmp_path / "out", workers=0, progress=False)
+    assert str(info.value).startswith(
+        f"class folder {tmp_path / 'src' / 'cow'} holds no images (.bmp .gif .jpeg .jpg .png .tif .tiff .webp) "
+        "(and 1 more: emu); every class folder becomes a label, so an empty one would shift the labels of the "
+        "classes after it: remove it or add its images"
+    )
+    assert not (tmp_path / "out").exists()

@@ -1,4 +1,4 @@
-"""The index converter: MISSION.md section 1's CSV + per-sample .pkl.gz files, and friends."""
+"""The index converter: the write-up's CSV + per-sample .pkl.gz files, and friends."""
 
 from __future__ import annotations
 
@@ -196,3 +196,96 @@ def test_map_values_that_differ_in_kind_become_json(tmp_path):
     ds = from_index(src / "l.txt", tmp_path / "out", workers=0, progress=False)
     assert ds.schema["data"] == chute.Map("json")
     assert [ds[i]["data"] for i in range(2)] == values
+
+
+def test_a_csv_written_by_pandas_to_csv_with_its_index_column(tmp_path, pickle_index):
+    pandas = pytest.importorskip("pandas")  # installed with the test extra (datasets needs it)
+    index, dicts = pickle_index
+    frame = pandas.read_csv(index)
+    frame = frame[frame["label"] != 1]  # a filtered frame: its row index is no longer 0..n-1
+    frame.to_csv(tmp_path / "src" / "pandas.csv")  # the default: the row index first, under an empty name
+    assert open(tmp_path / "src" / "pandas.csv").readline().startswith(",path,")
+    expected = [d for i, d in enumerate(dicts) if i % 3 != 1]
+
+    ds = from_index(tmp_path / "src" / "pandas.csv", tmp_path / "out", allow_pickle=True, workers=0, progress=False)
+    assert ds.schema.names == ["path", "label", "weight", "name", "data"]  # the unnamed index column is skipped
+    assert [r["data"] for r in _read_all(ds)] == expected
+
+    frame[["label", "path"]].to_csv(tmp_path / "src" / "named.csv")
+    ds = from_index(tmp_path / "src" / "named.csv", tmp_path / "named", path_column="path", allow_pickle=True, workers=0, progress=False)
+    assert ds.schema.names == ["path", "label", "data"]
+    assert [r["data"] for r in _read_all(ds)] == expected
+
+
+def test_an_unnamed_column_that_is_not_first_is_still_refused(tmp_path):
+    (tmp_path / "i.csv").write_text("path,,label\na.json,1,2\n")
+    with pytest.raises(ChuteError, match=r"has an empty column name; name every column"):
+        from_index(tmp_path / "i.csv", tmp_path / "out", workers=0, progress=False)
+
+
+def test_a_missing_path_column_says_how_to_name_it(tmp_path):
+    (tmp_path / "i.csv").write_text("file,label\na.json,1\n")
+    with pytest.raises(ChuteError) as info:
+        from_index(tmp_path / "i.csv", tmp_path / "out", path_column="filename", workers=0, progress=False)
+    assert str(info.value) == (
+        f"index {tmp_path / 'i.csv'} has no column 'filename'; its columns are ['file', 'label']: "
+        "pass the one that holds the file paths as path_column= (chute convert --path-column)"
+    )
+
+
+def test_bare_file_names_resolved_under_root(tmp_path, pickle_index):
+    """The write-up's CSV lists bare names (``12.pkl.gz``) that its Dataset prefixes with a folder."""
+    index, dicts = pickle_index
+    lines = ["path,label"] + [f"{i}.pkl.gz,{i % 3}" for i in range(len(dicts))]
+    (tmp_path / "bare.csv").write_text("\n".join(lines) + "\n")
+
+    with pytest.raises(ChuteError) as info:
+        from_index(tmp_path / "bare.csv", tmp_path / "out", allow_pickle=True, workers=0, progress=False)
+    assert str(info.value) == (
+        f"bare.csv row 1, line 2: file 0.pkl.gz does not exist (looked for {tmp_path / '0.pkl.gz'}); relative paths "
+        f"start from {tmp_path}: if the index's paths are relative to another folder, pass root= "
+        "(chute convert --root FOLDER)"
+    )
+    assert not (tmp_path / "out").exists()
+
+    root = os.path.join(os.path.dirname(index), "pickles")
+    ds = from_index(tmp_path / "bare.csv", tmp_path / "out", root=root, allow_pickle=True, workers=0, progress=False)
+    assert [r["data"] for r in _read_all(ds)] == dicts
+    assert ds[3]["path"] == "3.pkl.gz"
+    assert ds.metadata["source"]["root"] == root
+
+    with pytest.raises(ChuteError, match=r"root='nowhere': .*nowhere is not a folder"):
+        from_index(tmp_path / "bare.csv", tmp_path / "out2", root="nowhere", allow_pickle=True, workers=0, progress=False)
+
+
+def test_windows_separators_in_an_index(tmp_path, pickle_index):
+    index, dicts = pickle_index
+    with open(index) as f:
+        text = f.read()
+    (tmp_path / "src" / "windows.csv").write_text(text.replace("pickles/", "pickles\\"))
+    (tmp_path / "src" / "windows.txt").write_text("".join(f"pickles\\{i}.pkl.gz\r\n" for i in range(len(dicts))))
+    for name in ("windows.csv", "windows.txt"):
+        ds = from_index(tmp_path / "src" / name, tmp_path / name, allow_pickle=True, workers=0, progress=False)
+        assert [r["data"] for r in _read_all(ds)] == dicts
+        assert ds[0]["path"] == "pickles/0.pkl.gz"
+
+
+def test_a_type_error_late_in_the_index_names_the_option_to_declare_it(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(70):
+        (src / f"{i}.json").write_text(json.dumps({"k": i}))
+    (src / "70.json").write_text(json.dumps({"k": [1, 2]}))
+    (src / "list.txt").write_text("".join(f"{i}.json\n" for i in range(71)))
+    with pytest.raises(SchemaError) as info:
+        from_index(src / "list.txt", tmp_path / "out", workers=0, progress=False)
+    message = str(info.value)
+    assert "70.json" in message
+    assert "data_type=" in message and "chute convert --data-type" in message
+    ds = from_index(src / "list.txt", tmp_path / "out", data_type=chute.Map("json"), workers=0, progress=False)
+    assert ds[70]["data"] == {"k": [1, 2]}
+
+
+def test_an_index_that_is_a_folder(tmp_path):
+    with pytest.raises(ChuteError, match=r"is a folder; an index source is a \.csv/\.tsv file or a text file of paths"):
+        from_index(tmp_path, tmp_path / "out", workers=0, progress=False)

@@ -1,0 +1,63 @@
+"""A column type written as text (``chute convert --data-type 'ragged(float32, 2)'``).
+
+The text is the Python spelling of a :mod:`chute.format.schema` type, with or
+without the ``chute.`` prefix and quotes, in any case: ``json``, ``bytes``,
+``string``, ``scalar(int64)``, ``map(json)``, ``ragged(float32, 2)``,
+``tensor(uint8, (3, 32, 32))``, ``chute.Ragged("int16", ndim=2)``. It is parsed,
+never evaluated.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from chute.errors import SchemaError
+from chute.format.schema import Bytes, ColumnType, Json, Map, Ragged, Scalar, String, Tensor
+
+TYPES: dict[str, type] = {
+    "tensor": Tensor,
+    "ragged": Ragged,
+    "scalar": Scalar,
+    "bytes": Bytes,
+    "string": String,
+    "str": String,
+    "map": Map,
+    "json": Json,
+}
+EXAMPLES = "json, bytes, string, scalar(int64), map(string), ragged(float32, 2), tensor(uint8, (3, 32, 32))"
+
+
+def parse_column_type(text: str) -> ColumnType:
+    """The column type ``text`` spells; ValueError saying what is accepted if it spells none."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        raise ValueError(f"cannot read {text!r} as a column type; write one of {EXAMPLES}") from None
+    call = node if isinstance(node, ast.Call) else None
+    name = _name(call.func if call else node)
+    cls = TYPES.get((name or "").lower())
+    if cls is None:
+        raise ValueError(f"{text!r} is not a column type; write one of {EXAMPLES}")
+    try:
+        args = [_literal(a) for a in call.args] if call else []
+        kwargs = {k.arg: _literal(k.value) for k in call.keywords} if call else {}
+        return cls(*args, **kwargs)
+    except (ValueError, TypeError, SchemaError) as exc:
+        raise ValueError(f"{text!r} is not a valid {cls.__name__} column type ({exc}); e.g. {EXAMPLES}") from None
+
+
+def _name(node: ast.AST) -> str | None:
+    """``ragged`` for ``ragged`` and for ``chute.Ragged``; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "chute":
+        return node.attr
+    return None
+
+
+def _literal(node: ast.AST) -> Any:
+    """A literal argument; a bare name (``float32``) is the string of that name."""
+    if isinstance(node, ast.Name):
+        return node.id
+    return ast.literal_eval(node)

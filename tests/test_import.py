@@ -1,0 +1,65 @@
+"""``import chute`` stays light: the public names load their modules on first use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "pyarrow", "fsspec")
+
+
+def _python(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter; it prints one JSON value, returned here."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_import_chute_loads_neither_torch_pyarrow_nor_fsspec():
+    loaded = _python(f"import json, sys, chute; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    assert loaded == []
+
+
+def test_every_public_name_resolves_and_from_import_works():
+    out = _python(
+        "import json, chute\n"
+        "from chute import Loader, open, write, ChuteError\n"
+        "names = {n: type(getattr(chute, n)).__name__ for n in chute.__all__}\n"
+        "print(json.dumps({'names': names, 'dir': sorted(set(chute.__all__) - set(dir(chute))),\n"
+        "                  'open': open.__module__, 'loader': Loader.__module__}))"
+    )
+    assert set(out["names"]) >= {"Loader", "TorchIterable", "open", "write", "Dataset", "observe", "to_device", "ChuteError"}
+    assert out["dir"] == []  # dir(chute) lists every public name
+    assert out["open"] == "chute.format.reader" and out["loader"] == "chute.pipeline.loader"
+
+
+def test_chute_observe_stays_the_function_after_its_subpackage_is_imported():
+    out = _python(
+        "import json, chute\n"
+        "chute.Loader  # imports chute.observe.* underneath\n"
+        "from chute.observe.report import Report\n"
+        "import chute.observe.bench\n"
+        "print(json.dumps(callable(chute.observe) and chute.observe.__name__))"
+    )
+    assert out == "observe"
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    out = _python(
+        "import json, chute\n"
+        "try:\n    chute.Lodaer\nexcept AttributeError as exc:\n    print(json.dumps(str(exc)))"
+    )
+    assert out == "module 'chute' has no attribute 'Lodaer'"
+
+
+def test_help_and_version_do_not_import_torch():
+    for argv in (["--help"], ["--version"], ["convert", "--help"], ["bench", "--help"]):
+        loaded = _python(
+            "import json, sys, contextlib, io\n"
+            "from chute.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    try:\n        main({argv!r})\n    except SystemExit:\n        pass\n"
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+        )
+        assert loaded == [], argv
