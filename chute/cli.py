@@ -32,6 +32,7 @@ def _convert(args: argparse.Namespace) -> int:
         shard_size=args.shard_size,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        **({"ray": args.ray} if args.ray else {}),
     )
     elapsed = time.perf_counter() - start
     print(
@@ -207,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=_size, default="128MiB", help="target shard size, e.g. 64MB (default 128MiB)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    # chute convert --ray (docs/ray.md): reading and writing run as tasks of a Ray cluster
+    p.add_argument("--ray", metavar="ADDRESS", help="read and write with Ray tasks on the cluster at ADDRESS ('auto', 'ray://host:10001', or 'local'); needs chute[ray]")
     p.set_defaults(run=_convert)
 
     p = sub.add_parser("inspect", help="show a dataset's schema, rows, shards, sizes and checksums")

@@ -20,8 +20,8 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import ray
@@ -36,6 +36,9 @@ from chute.format.writer import DEFAULT_SHARD_SIZE, TMP_SUFFIX, ShardWriter, Wri
 from chute.ray.columns import block_samples, chute_schema, plan_block_columns
 from chute._sizes import parse_size
 from chute.storage.remote import Remote, is_remote
+
+if TYPE_CHECKING:
+    from chute.sources.parts import SourcePlan
 
 
 class ChuteDatasink(Datasink):
@@ -58,8 +61,10 @@ class ChuteDatasink(Datasink):
         compression: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         durable: bool = True,
+        plan: SourcePlan | None = None,
     ) -> None:
         self.path = os.fspath(path)
+        self.plan = plan  # chute convert --ray: the blocks hold part numbers of this plan
         self.schema = schema if isinstance(schema, Schema) else Schema.from_dict(dict(schema))
         self.shard_size = max(1, parse_size(shard_size))
         self.metadata = dict(metadata or {})
@@ -157,19 +162,12 @@ class ChuteDatasink(Datasink):
             durable=self.durable, upload=upload,
         )
         where = f"chute.ray.write task {task} (to {url})"
-        columns = None
-        position = 0
         try:
-            for block in blocks:
-                table = BlockAccessor.for_block(block).to_arrow()
-                if columns is None:
-                    columns = plan_block_columns(table.schema, self.schema, where)
-                for sample in block_samples(table, columns, where):
-                    try:
-                        part.append(sample, position)
-                    except SchemaError as exc:
-                        raise SchemaError(f"{where}: {exc} (the task's sample {position})") from None
-                    position += 1
+            for position, (sample, origin) in enumerate(self._samples(blocks, where)):
+                try:
+                    part.append(sample, position)
+                except SchemaError as exc:
+                    raise SchemaError(f"{where}: {exc} [sample {position} of the task is {origin}]") from None
             part.flush()
         except BaseException:
             part.discard()
@@ -178,6 +176,21 @@ class ChuteDatasink(Datasink):
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
         return {"task": task, "shards": [s.to_json() for s in part.shards]}
+
+    def _samples(self, blocks: Iterable[Block], where: str) -> Iterator[tuple[dict[str, Any], str]]:
+        """The task's ``(sample, origin)`` pairs: its blocks' rows, or the rows of the parts they name."""
+        if self.plan is not None:
+            for block in blocks:
+                for number in BlockAccessor.for_block(block).to_numpy("part").tolist():
+                    yield from self.plan.read(self.plan.parts[number])
+            return
+        columns = None
+        for block in blocks:
+            table = BlockAccessor.for_block(block).to_arrow()
+            if columns is None:
+                columns = plan_block_columns(table.schema, self.schema, where)
+            for sample in block_samples(table, columns, where):
+                yield sample, where
 
     def get_name(self) -> str:
         return "ChuteWrite"
@@ -220,6 +233,11 @@ def write(
         path, schema=schema, shard_size=shard_size, metadata=metadata, overwrite=overwrite, compression=compression,
         storage_options=storage_options,
     )
+    return run(ray_dataset, sink, concurrency)
+
+
+def run(ray_dataset: ray.data.Dataset, sink: ChuteDatasink, concurrency: int | None = None) -> chute.Dataset:
+    """Write ``ray_dataset`` through ``sink``; the committed dataset, opened."""
     sink.open()  # an existing dataset or a concurrent writer is refused before any task runs
     try:
         ray_dataset.write_datasink(sink, concurrency=concurrency)
@@ -228,7 +246,7 @@ def write(
         raise
     from chute.format.reader import open_dataset
 
-    return open_dataset(sink._writer.url, storage_options=storage_options)
+    return open_dataset(sink._writer.url, storage_options=sink.storage_options)
 
 
 def _arrow_schema(ray_dataset: ray.data.Dataset) -> pa.Schema | None:
