@@ -43,5 +43,14 @@ __all__ = [
     "RemoteError", "CacheFullError",
     "open", "write", "Writer", "Dataset", "Schema",
     "Tensor", "Ragged", "Scalar", "Bytes", "String", "Map", "Json",
-    "to_device", "DeviceLoader", "Loader", "TorchIterable", "observe",
+    "to_device", "DeviceLoader", "Loader", "TorchIterable", "observe", "mix",
 ]
+
+
+def __getattr__(name: str):
+    # chute.mix is imported on first use (the function; the package is chute.mixture)
+    if name == "mix":
+        from chute.mixture import mix
+
+        return mix
+    raise AttributeError(f"module 'chute' has no attribute {name!r}")

@@ -8,7 +8,7 @@ module         what
 =============  ==============================================================
 """
 
-from chute.mix.dataset import Mixture, mix
-from chute.mix.order import MixOrder
+from chute.mixture.dataset import Mixture, mix
+from chute.mixture.order import MixOrder
 
 __all__ = ["mix", "Mixture", "MixOrder"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import chute
-from chute.mix import Mixture, mix
+from chute.mixture import Mixture, mix
 
 
 def _write(path, start: int, n: int, extra: bool = False, shard_size: int = 2000):
@@ -116,3 +116,14 @@ def test_remote_sources_read_through_their_cache(tmp_path, two):
         assert m.cache is None
         assert m.get_batch([0, 100, 149])["label"].tolist() == [0, 5000, 5049]
         m.close()
+
+
+def test_chute_mix_is_the_function_and_import_chute_stays_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, chute; assert 'chute.mixture' not in sys.modules and 'ray' not in sys.modules; "
+        "import chute.mixture; assert callable(chute.mix) and chute.mix.__module__ == 'chute.mixture.dataset'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -3,7 +3,7 @@
 A :class:`Mixture` reads like a :class:`chute.Dataset` whose rows are its
 sources' rows one after the other (source ``k``'s row ``r`` is row
 ``base[k] + r``) and whose shards are the sources' shards in the same order.
-What makes it a mixture is its order (:class:`chute.mix.order.MixOrder`),
+What makes it a mixture is its order (:class:`chute.mixture.order.MixOrder`),
 which draws from each source in proportion to its weight.
 """
 
@@ -20,7 +20,7 @@ from chute.errors import SchemaError
 from chute.format.manifest import ShardInfo
 from chute.format.reader import Dataset, open_dataset
 from chute.format.schema import FIXED_SIZE, Schema
-from chute.mix.order import MixOrder
+from chute.mixture.order import MixOrder
 from chute.order import DEFAULT_WINDOW
 
 
@@ -82,7 +82,7 @@ class Mixture:
     def order(
         self, batch_size: int, shuffle: bool = False, seed: int = 0, window: int = DEFAULT_WINDOW, drop_last: bool = False
     ) -> MixOrder:
-        """The mixture's order for these loader settings (see :class:`chute.mix.order.MixOrder`)."""
+        """The mixture's order for these loader settings (see :class:`chute.mixture.order.MixOrder`)."""
         return MixOrder(
             self.names, tuple(tuple(s.rows for s in ds.shards) for ds in self._datasets),
             tuple(self.weights[n] for n in self.names), int(batch_size), bool(shuffle), int(seed), int(window),
