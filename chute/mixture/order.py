@@ -294,8 +294,12 @@ class MixOrder:
         counters = list(self.counters(epoch, start, size))
         bounds, positions = [tuple(counters)], [start]
         position = start
+        plan, replan = None, start  # the plan changes only where the weights do
+        changes = sorted(c.position for c in self.changes if c.epoch == epoch and c.position > start)
         while position < self.num_rows:
-            plan = self._plan(epoch, position)
+            if position >= replan:
+                plan = self._plan(epoch, position)
+                replan = next((p for p in changes if p > position), self.num_rows)
             rows = min(size, self.num_rows - position)
             if position + rows >= self.num_rows:  # the last step lands exactly on every quota
                 counts = [f + q - c for f, q, c in zip(plan.first, plan.quota, counters)]
