@@ -124,15 +124,7 @@ class Mixture:
         Each source gathers its rows into its slice of the output; rows grouped
         by source (as :class:`MixOrder` gives them) cost no extra copy.
         """
-        if isinstance(indices, torch.Tensor):
-            indices = indices.detach().cpu().numpy()
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
-            raise TypeError(f"indices must be a 1-D sequence of integers, got shape {idx.shape} of {idx.dtype}")
-        idx = idx.astype(np.int64, copy=False)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
-            bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
-            raise IndexError(f"row {bad} is out of range for {self.root} of {len(self)} rows")
+        idx = Dataset._check_indices(self, indices)  # the same checks and messages as a dataset's
         source = np.searchsorted(self.base, idx, side="right") - 1
         order = None
         if len(idx) > 1 and (source[1:] < source[:-1]).any():  # not grouped: gather grouped, then put back

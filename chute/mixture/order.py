@@ -249,19 +249,9 @@ class MixOrder:
             h.update(name.encode("utf-8") + b"\0" + np.asarray(rows, dtype=np.int64).tobytes())
         return h.hexdigest()
 
-    def num_batches(self, world_size: int = 1, consumed: int = 0) -> int:
-        """Batches each rank delivers from position ``consumed`` to the end of the epoch."""
-        _check_world(world_size)
-        if consumed < 0:
-            raise ValueError(f"consumed cannot be negative, got {consumed}")
-        full, tail = divmod(max(0, self.num_rows - consumed), self.batch_size * world_size)
-        return full + (1 if tail and not self.drop_last else 0)
-
-    def consumed_after(self, batches: int, world_size: int = 1, consumed: int = 0) -> int:
-        """The position reached once every rank has delivered ``batches`` more batches."""
-        if batches >= self.num_batches(world_size, consumed):
-            return self.num_rows
-        return consumed + batches * self.batch_size * world_size
+    # the same cut of an epoch into steps as one dataset's order
+    num_batches = Order.num_batches
+    consumed_after = Order.consumed_after
 
     # ------------------------------------------------------------------ plans and counters
 
@@ -487,22 +477,19 @@ class MixOrder:
         return {
             "epoch": int(epoch),
             "consumed": int(consumed),
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "window": self.window,
-            "num_rows": self.num_rows,
-            "num_shards": sum(len(r) for r in self.shard_rows),
-            "layout": self.layout,
-            "sources": list(self.names),
+            **self._identity(),
             "counters": dict(zip(self.names, (int(c) for c in self.counters(epoch, consumed)))),
             "weights": [c.to_json(self.names) for c in self.changes],
         }
 
+    def _identity(self) -> dict:
+        """What a state must share with this order to resume it."""
+        return {"seed": self.seed, "shuffle": self.shuffle, "window": self.window, "num_rows": self.num_rows,
+                "num_shards": sum(len(r) for r in self.shard_rows), "layout": self.layout, "sources": list(self.names)}
+
     def check_state(self, state: dict) -> tuple[int, int]:
         """Validate a state from :meth:`state` and adopt its counters and weight history; ``(epoch, consumed)``."""
-        mine = {"seed": self.seed, "shuffle": self.shuffle, "window": self.window, "num_rows": self.num_rows,
-                "num_shards": sum(len(r) for r in self.shard_rows), "layout": self.layout, "sources": list(self.names)}
-        for key, value in mine.items():
+        for key, value in self._identity().items():
             if key in state and state[key] != value:
                 raise ValueError(
                     f"cannot resume: the saved state has {key}={state[key]!r} but this mixture has {key}={value!r}; "

@@ -20,7 +20,7 @@ import numpy as np
 
 from chute.errors import ChuteError
 from chute.format.schema import ColumnType, String
-from chute.sources._arrow import batch_samples, needs_shape_scan, number_batches, plan_columns, scan_shapes
+from chute.sources._arrow import batch_samples, number_batches
 from chute.sources.detect import detect_kind
 
 ROWS_PER_PART = 4096
@@ -136,15 +136,9 @@ def _read_tar(tar: str) -> Iterator[tuple[dict[str, Any], str]]:
 
 
 def _arrow(src: Any, rows: int, *, columns: list[str] | None = None) -> SourcePlan:
-    from chute.sources.arrow import ArrowFile, check_same_schema, list_arrow_files, select_schema
+    from chute.sources.arrow import plan_arrow_files
 
-    files = [ArrowFile.open(path) for path in list_arrow_files(src)]
-    schema = select_schema(files[0].schema, columns, files[0].path)
-    for other in files[1:]:
-        check_same_schema(schema, select_schema(other.schema, columns, other.path), files[0].path, other.path)
-    scan_names = [f.name for f in schema if needs_shape_scan(f.type)]  # read here: one shape, or many?
-    scans = scan_shapes(schema, ((b, f.path) for f in files for b in f.batches(scan_names))) if scan_names else {}
-    columns_plan = plan_columns(schema, scans, where=files[0].path)
+    files, schema, columns_plan = plan_arrow_files(src, columns)
     metadata = {"source": {"kind": "arrow", "files": [os.path.basename(f.path) for f in files]}}
     read = functools.partial(_read_arrow_file, columns_plan, schema.names)
     return SourcePlan("arrow", files, read, {c.name: c.ctype for c in columns_plan}, metadata)
@@ -185,19 +179,9 @@ def _read_npy_rows(part: tuple[str, str, int, int]) -> Iterator[tuple[dict[str, 
 
 
 def _hf(src: Any, rows: int, *, split: str | None = None, columns: list[str] | None = None) -> SourcePlan:
-    from chute.sources.hf import _batches, _metadata, load_hf
+    from chute.sources.hf import _metadata, plan_hf
 
-    dataset, where, split = load_hf(src, split)
-    names = list(columns) if columns is not None else list(dataset.column_names)
-    missing = [c for c in names if c not in dataset.column_names]
-    if missing:
-        raise ChuteError(f"{where} has no column(s) {missing}; its columns are {dataset.column_names}")
-    import pyarrow as pa
-
-    schema = pa.schema([dataset.data.schema.field(name) for name in names])
-    scan_names = [f.name for f in schema if needs_shape_scan(f.type)]
-    scans = scan_shapes(schema, ((b, where) for b in _batches(dataset, scan_names))) if scan_names else {}
-    columns_plan = plan_columns(schema, scans, where=where)
+    dataset, where, split, names, columns_plan = plan_hf(src, split, columns)
     view = dataset.select_columns(names)
     parts = [(a, min(a + rows, len(view))) for a in range(0, len(view), rows)]
     read = functools.partial(_read_hf_rows, view, columns_plan, where)
