@@ -46,6 +46,7 @@ _EXPORTS = {
     "Shuffle": "chute.pipeline.config",
     "Watchdog": "chute.pipeline.config",
     "observe": "chute.observe.consumer",
+    "mix": "chute.mixture",
 }
 
 __all__ = ["__version__", *_EXPORTS]

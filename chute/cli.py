@@ -105,6 +105,7 @@ def _convert(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=not args.quiet,
             **kind_specific,
+            **({"ray": args.ray} if args.ray else {}),
         )
     except OSError as exc:
         if _concerns(exc, args.dst):
@@ -284,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="index: the type of the data column, e.g. 'ragged(float32, 2)', json, bytes (default: inferred)")
     p.add_argument("--split", default=None, help="hf: the split of a DatasetDict to convert")
     p.add_argument("--columns", type=_names, default=None, metavar="A,B,...", help="arrow, hf: convert only these columns")
+    # chute convert --ray (docs/ray.md): reading and writing run as tasks of a Ray cluster
+    p.add_argument("--ray", metavar="ADDRESS", help="read and write with Ray tasks on the cluster at ADDRESS ('auto', 'ray://host:10001', or 'local'); needs chute[ray]")
     p.set_defaults(run=_convert)
 
     p = sub.add_parser("inspect", help="show a dataset's schema, rows, shards, sizes and checksums")

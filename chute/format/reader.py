@@ -112,6 +112,158 @@ class _Shard:
             ) from None
 
 
+class BatchReader:
+    """Reads batches of rows spread over many shards, with the native kernels, from each shard's buffers.
+
+    ``sources[column][shard]`` holds what the kernels read of that column in
+    that shard, or None while the shard is not mapped; a read that needs an
+    unmapped shard calls ``map_shard(shard)`` (which must :meth:`publish` it)
+    and tries again. A :class:`chute.Dataset` has one over its own shards; a
+    mixture has one over all its sources' shards.
+    """
+
+    def __init__(self, schema: Schema, offsets: np.ndarray, map_shard: Any, describe_shard: Any, root: str) -> None:
+        self.schema, self.offsets, self.root = schema, offsets, root
+        self._map_shard, self._describe_shard = map_shard, describe_shard
+        count = len(offsets) - 1
+        self.fixed = [(name, ctype) for name, ctype in schema if isinstance(ctype, FIXED_SIZE)]
+        self.variable = [(name, ctype) for name, ctype in schema if not isinstance(ctype, FIXED_SIZE)]
+        self.readers = {name: reader_for(name, ctype) for name, ctype in self.variable}
+        self.sources: dict[str, list[Any]] = {name: [None] * count for name in schema.names}
+        self._fixed_sources = [self.sources[name] for name, _ in self.fixed]
+        self._row_bytes = [ctype.row_bytes for _, ctype in self.fixed]
+        self._var_plan = [(self.readers[name], self.sources[name]) for name, _ in self.variable]
+
+    def publish(self, i: int, sources: Mapping[str, Any]) -> None:
+        """Shard ``i`` is mapped: its buffers, by column."""
+        for name, column in self.sources.items():
+            column[i] = sources[name]
+
+    def unpublish(self, i: int | None = None) -> None:
+        """Shard ``i`` (every shard if None) is no longer mapped."""
+        for column in self.sources.values():
+            if i is None:
+                column[:] = [None] * len(column)
+            else:
+                column[i] = None
+
+    def read(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
+        """Read rows ``indices`` (int64, C-contiguous): the hot path of the Loader.
+
+        Fixed-size columns are copied into ``outs``, writable C-contiguous
+        arrays of ``len(indices)`` rows, one per fixed-size column in schema
+        order; the values of the variable-size columns are returned, in schema
+        order (``columnar``: as Arrow arrays).
+        """
+        offsets = self.offsets
+        if self.fixed:
+            columns = tuple(zip(self._fixed_sources, outs, self._row_bytes))
+            while True:
+                try:
+                    _native.gather(indices, offsets, columns)
+                    break
+                except Unmapped as missing:
+                    self._map_shard(missing.shard)
+                except CorruptShard as exc:
+                    raise self._corrupt(exc) from None
+        if not self._var_plan:
+            return []
+        values = []
+        for reader, sources in self._var_plan:
+            while True:
+                try:
+                    values.append(reader.read(indices, offsets, sources, columnar))
+                    break
+                except Unmapped as missing:
+                    self._map_shard(missing.shard)
+                except (CorruptShard, JsonError) as exc:
+                    raise self._corrupt(exc, reader.name) from None
+        return values
+
+    def _corrupt(self, exc: CorruptShard | JsonError, column: str | None = None) -> ShardError:
+        shard = exc.shard
+        where = f"shard {self._describe_shard(shard)}" if 0 <= shard < len(self.offsets) - 1 else "a shard of this batch"
+        row = f", row {exc.row}" if exc.row >= 0 else ""
+        col = f", column {column!r}" if column else ""
+        return ShardError(
+            f"dataset {self.root}: {where}{row}{col} is corrupt ({exc}); run `chute inspect --verify` "
+            "on the dataset and write or download it again"
+        )
+
+    @property
+    def fixed_columns(self) -> list[tuple[str, tuple[int, ...], np.dtype, torch.dtype]]:
+        """``(name, shape of one row, numpy dtype a batch is built in, torch dtype)`` of each fixed-size column."""
+        return [
+            (name, tuple(ctype.shape) if isinstance(ctype, Tensor) else (), numpy_dtype(ctype.dtype), torch_dtype(ctype.dtype))
+            for name, ctype in self.fixed
+        ]
+
+    @property
+    def variable_columns(self) -> list[str]:
+        return [name for name, _ in self.variable]
+
+
+def get_batch(source: Any, indices: Any, out: Mapping[str, torch.Tensor] | None = None, columnar: bool = False) -> dict[str, Any]:
+    """``get_batch`` of a dataset or mixture: rows ``indices`` as a dict of column name to values."""
+    idx = check_indices(indices, len(source), source.root)
+    n = len(idx)
+    tensors, arrays = [], []
+    for name, shape, _, dtype in source.fixed_columns:
+        tensor = _output(name, (n, *shape), dtype, out)
+        tensors.append(tensor)
+        arrays.append(tensor.view(torch.uint8).numpy() if dtype == torch.bfloat16 else tensor.numpy())
+    values = source.read(idx, arrays, columnar)
+    fixed = dict(zip([name for name, _, _, _ in source.fixed_columns], tensors))
+    variable = dict(zip(source.variable_columns, values))
+    return {name: fixed[name] if name in fixed else variable[name] for name in source.schema.names}
+
+
+def get_item(source: Any, index: Any) -> dict[str, Any]:
+    """``source[index]``: one row as a dict (scalars as Python numbers)."""
+    if isinstance(index, (np.integer, torch.Tensor)):
+        index = int(index)
+    if not isinstance(index, int):
+        raise TypeError(f"dataset indices must be integers, not {type(index).__name__}; use get_batch for many rows")
+    if index < 0:
+        index += len(source)
+    if not 0 <= index < len(source):
+        raise IndexError(f"row {index} is out of range for a dataset of {len(source)} rows")
+    batch = get_batch(source, np.array([index], dtype=np.int64))
+    sample: dict[str, Any] = {}
+    for name, ctype in source.schema:
+        value = batch[name][0]
+        sample[name] = value.item() if isinstance(ctype, Scalar) else value
+    return sample
+
+
+def check_indices(indices: Any, rows: int, root: str) -> np.ndarray:
+    """``indices`` as a C-contiguous int64 array, every one in ``[0, rows)``."""
+    if isinstance(indices, torch.Tensor):
+        indices = indices.detach().cpu().numpy()
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+        raise TypeError(f"indices must be a 1-D sequence of integers, got shape {idx.shape} of {idx.dtype}")
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= rows:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"row {bad} is out of range for dataset {root} of {rows} rows")
+    return idx
+
+
+def _output(name: str, shape: tuple[int, ...], dtype: torch.dtype, out: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
+    if out is not None and name in out:
+        buffer = out[name]
+        if tuple(buffer.shape) != shape or buffer.dtype != dtype or not buffer.is_contiguous() or buffer.device.type != "cpu":
+            raise ValueError(
+                f"out[{name!r}] must be a contiguous CPU tensor of shape {shape} and dtype {dtype}, "
+                f"got {tuple(buffer.shape)} {buffer.dtype} on {buffer.device}"
+            )
+        return buffer
+    return torch.empty(shape, dtype=dtype)
+
+
 class Dataset:
     """A chute dataset opened for reading. Create it with :func:`chute.open`.
 
@@ -135,14 +287,8 @@ class Dataset:
         self._starts = self.offsets[:-1]
         self._shards: list[_Shard | None] = [None] * len(manifest.shards)
         self._lock = threading.Lock()
-        self._fixed = [(name, ctype) for name, ctype in manifest.schema if isinstance(ctype, FIXED_SIZE)]
-        self._variable = [(name, ctype) for name, ctype in manifest.schema if not isinstance(ctype, FIXED_SIZE)]
-        self._readers = {name: reader_for(name, ctype) for name, ctype in self._variable}
-        # per column, per shard: the buffers the kernels read (None until the shard is mapped)
-        self._sources: dict[str, list[Any]] = {name: [None] * len(manifest.shards) for name in manifest.schema.names}
-        self._fixed_sources = [self._sources[name] for name, _ in self._fixed]
-        self._row_bytes = [ctype.row_bytes for _, ctype in self._fixed]
-        self._var_plan = [(self._readers[name], self._sources[name]) for name, _ in self._variable]
+        self._batches = BatchReader(manifest.schema, self.offsets, self.shard, lambda i: manifest.shards[i].file, root)
+        self.read = self._batches.read  # the Loader's per-batch call, without a method of its own in between
 
     # ------------------------------------------------------------------ description
 
@@ -165,15 +311,12 @@ class Dataset:
     @property
     def fixed_columns(self) -> list[tuple[str, tuple[int, ...], np.dtype, torch.dtype]]:
         """``(name, shape of one row, numpy dtype a batch is built in, torch dtype)`` of each fixed-size column."""
-        return [
-            (name, tuple(ctype.shape) if isinstance(ctype, Tensor) else (), numpy_dtype(ctype.dtype), torch_dtype(ctype.dtype))
-            for name, ctype in self._fixed
-        ]
+        return self._batches.fixed_columns
 
     @property
     def variable_columns(self) -> list[str]:
         """Names of the variable-size columns (bytes, strings, maps, JSON, ragged arrays)."""
-        return [name for name, _ in self._variable]
+        return self._batches.variable_columns
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -218,9 +361,8 @@ class Dataset:
 
     def _open(self, i: int, path: str) -> _Shard:
         """Map shard ``i`` from ``path`` and publish its buffers (called with ``_lock`` held)."""
-        shard = _Shard(path, self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}", self._readers)
-        for name, source in shard.sources.items():
-            self._sources[name][i] = source
+        shard = _Shard(path, self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}", self._batches.readers)
+        self._batches.publish(i, shard.sources)
         self._shards[i] = shard
         return shard
 
@@ -267,53 +409,9 @@ class Dataset:
         """
         with self._lock:
             self._shards[i] = None
-            for sources in self._sources.values():
-                sources[i] = None
+            self._batches.unpublish(i)
 
     # ------------------------------------------------------------------ reading
-
-    def read(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
-        """Read rows ``indices`` (int64, C-contiguous): the hot path of the Loader.
-
-        Fixed-size columns are copied into ``outs``, writable C-contiguous
-        arrays of ``len(indices)`` rows, one per fixed-size column in schema
-        order (:attr:`fixed_columns`); the values of the variable-size columns
-        are returned, in schema order (``columnar``: as Arrow arrays).
-        """
-        offsets = self.offsets
-        if self._fixed:
-            columns = tuple(zip(self._fixed_sources, outs, self._row_bytes))
-            while True:
-                try:
-                    _native.gather(indices, offsets, columns)
-                    break
-                except Unmapped as missing:
-                    self.shard(missing.shard)
-                except CorruptShard as exc:
-                    raise self._corrupt(exc) from None
-        if not self._var_plan:
-            return []
-        values = []
-        for reader, sources in self._var_plan:
-            while True:
-                try:
-                    values.append(reader.read(indices, offsets, sources, columnar))
-                    break
-                except Unmapped as missing:
-                    self.shard(missing.shard)
-                except (CorruptShard, JsonError) as exc:
-                    raise self._corrupt(exc, reader.name) from None
-        return values
-
-    def _corrupt(self, exc: CorruptShard | JsonError, column: str | None = None) -> ShardError:
-        shard = exc.shard
-        where = f"shard {self.manifest.shards[shard].file}" if 0 <= shard < len(self.shards) else "a shard of this batch"
-        row = f", row {exc.row}" if exc.row >= 0 else ""
-        col = f", column {column!r}" if column else ""
-        return ShardError(
-            f"dataset {self.root}: {where}{row}{col} is corrupt ({exc}); run `chute inspect --verify` "
-            "on the dataset and write or download it again"
-        )
 
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor, out: Mapping[str, torch.Tensor] | None = None,
                   *, columnar: bool = False) -> dict[str, Any]:
@@ -325,58 +423,10 @@ class Dataset:
         may hold preallocated tensors for fixed-size columns (reused buffers,
         possibly pinned); they are filled in place and returned.
         """
-        idx = self._check_indices(indices)
-        n = len(idx)
-        tensors, arrays = [], []
-        for (name, ctype), (_, shape, np_dtype, dtype) in zip(self._fixed, self.fixed_columns):
-            tensor = self._output(name, (n, *shape), dtype, out)
-            tensors.append(tensor)
-            arrays.append(tensor.view(torch.uint8).numpy() if dtype in (torch.bfloat16,) else tensor.numpy())
-        values = self.read(idx, arrays, columnar)
-        fixed = dict(zip([name for name, _ in self._fixed], tensors))
-        variable = dict(zip(self.variable_columns, values))
-        return {name: fixed[name] if name in fixed else variable[name] for name in self.schema.names}
+        return get_batch(self, indices, out, columnar)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if isinstance(index, (np.integer, torch.Tensor)):
-            index = int(index)
-        if not isinstance(index, int):
-            raise TypeError(f"dataset indices must be integers, not {type(index).__name__}; use get_batch for many rows")
-        if index < 0:
-            index += len(self)
-        self.locate(index)  # the IndexError of a single row
-        batch = self.get_batch(np.array([index], dtype=np.int64))
-        sample: dict[str, Any] = {}
-        for name, ctype in self.schema:
-            value = batch[name][0]
-            sample[name] = value.item() if isinstance(ctype, Scalar) else value
-        return sample
-
-    def _check_indices(self, indices: Any) -> np.ndarray:
-        if isinstance(indices, torch.Tensor):
-            indices = indices.detach().cpu().numpy()
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
-            raise TypeError(f"indices must be a 1-D sequence of integers, got shape {idx.shape} of {idx.dtype}")
-        idx = np.ascontiguousarray(idx, dtype=np.int64)
-        if idx.size:
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= len(self):
-                bad = lo if lo < 0 else hi
-                raise IndexError(f"row {bad} is out of range for dataset {self.root} of {len(self)} rows")
-        return idx
-
-    @staticmethod
-    def _output(name: str, shape: tuple[int, ...], dtype: torch.dtype, out: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
-        if out is not None and name in out:
-            buffer = out[name]
-            if tuple(buffer.shape) != shape or buffer.dtype != dtype or not buffer.is_contiguous() or buffer.device.type != "cpu":
-                raise ValueError(
-                    f"out[{name!r}] must be a contiguous CPU tensor of shape {shape} and dtype {dtype}, "
-                    f"got {tuple(buffer.shape)} {buffer.dtype} on {buffer.device}"
-                )
-            return buffer
-        return torch.empty(shape, dtype=dtype)
+        return get_item(self, index)
 
     # ------------------------------------------------------------------ validation
 
@@ -417,8 +467,7 @@ class Dataset:
         """Unmap the shards (they are mapped again if the dataset is read later)."""
         with self._lock:
             self._shards = [None] * len(self._shards)
-            for sources in self._sources.values():
-                sources[:] = [None] * len(sources)
+            self._batches.unpublish()
             recent, self._recent = list(self._recent), collections.deque()
         if self.cache is not None:
             for i in recent:

@@ -25,22 +25,26 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 import chute
 from chute._sizes import parse_size
 from chute.errors import ChuteError, SchemaError
-from chute.format.builders import ColumnBuilder, make_builder
+from chute.format.builders import make_builder
 from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest
 from chute.format.schema import ColumnType, Schema, check_keys, infer_schema
+
+if TYPE_CHECKING:
+    from chute.storage.upload import Upload
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
 DEFAULT_LOOKAHEAD = 64
 LOCK_NAME = ".chute-write.lock"
 TMP_SUFFIX = ".chute-tmp"
-_SHARD_RE = re.compile(r"shard-\d{5,}\.[0-9a-f]+\.arrow(\.zst)?")
+# shard-NNNNN.<token>.arrow; shards written by several processes (chute.ray) add the writer: shard-WWWWW-NNNNN
+_SHARD_RE = re.compile(r"shard-\d{5,}(-\d{5,})?\.[0-9a-f]+\.arrow(\.zst)?")
 
 
 def _fsync_path(path: str) -> None:
@@ -50,6 +54,117 @@ def _fsync_path(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class ShardWriter:
+    """Turns samples of a known schema into shard files, each one written whole.
+
+    A shard is built in memory, written under a hidden temporary name in
+    ``root``, flushed, checksummed and renamed to ``<prefix>NNNNN.<token>.arrow``;
+    with ``upload`` it is then uploaded (compressed first if asked) and the local
+    file removed. ``shards`` lists the finished shards' manifest entries. This is
+    the part of :class:`Writer` that several processes can run at once into one
+    dataset (``chute.ray.write``'s tasks); the manifest is someone else's job.
+    """
+
+    def __init__(
+        self, root: str, schema: Schema, *, token: str, prefix: str = "shard-", shard_size: int = DEFAULT_SHARD_SIZE,
+        checksum: str = "xxh3_128", durable: bool = True, upload: Upload | None = None,
+    ) -> None:
+        if len(schema) == 0:
+            raise SchemaError("a dataset needs at least one column")
+        self.root, self.schema, self.token, self.prefix = root, schema, token, prefix
+        self.shard_size, self.checksum, self.durable, self.upload = max(1, shard_size), checksum, durable, upload
+        self.arrow_schema = schema.to_arrow()
+        self.builders = [(name, make_builder(name, ctype)) for name, ctype in schema]
+        self.names = set(schema.names)
+        self.shards: list[ShardInfo] = []
+        self.tmp_files: set[str] = set()
+        self.rows = 0  # in the shard being built
+        self.bytes = 0
+
+    def append(self, sample: Mapping[str, Any], position: int) -> None:
+        """Add one sample (``position`` names it in errors); write the shard once it is full."""
+        check_keys(sample, self.names, position)
+        added = 0
+        for name, builder in self.builders:
+            added += builder.append(sample[name], position)
+        self.rows += 1
+        self.bytes += added
+        if self.bytes >= self.shard_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the shard being built, if it has rows."""
+        if self.rows == 0:
+            return
+        batch = pa.record_batch([b.finish() for _, b in self.builders], schema=self.arrow_schema)
+        name = f"{self.prefix}{len(self.shards):05d}.{self.token}.arrow"
+        final = os.path.join(self.root, name)
+        tmp = os.path.join(self.root, f".{name}{TMP_SUFFIX}")
+        self.tmp_files.add(tmp)
+        # One record batch per shard: each fixed-size column is one contiguous buffer.
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, self.arrow_schema) as ipc:
+            ipc.write_batch(batch)
+        if self.durable:
+            _fsync_path(tmp)
+        size = os.path.getsize(tmp)
+        digest = checksum_file(tmp, self.checksum)
+        os.replace(tmp, final)
+        self.tmp_files.discard(tmp)
+        info = ShardInfo(name, self.rows, size, digest)
+        if self.upload is not None:
+            try:
+                info = self.upload.put(final, info)
+            finally:
+                os.unlink(final)  # the staged copy (a compressed local dataset keeps only the .zst)
+        self.shards.append(info)
+        self.rows = 0
+        self.bytes = 0
+
+    def discard(self) -> None:
+        """Delete every file this shard writer wrote (temporary files, shards, uploads)."""
+        if self.upload is not None:
+            self.upload.abort()
+        for tmp in self.tmp_files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        for shard in self.shards:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.root, shard.file))
+        self.shards.clear()
+
+
+def destination(path: str | os.PathLike, storage_options: Mapping[str, Any] | None, compression: str | None) -> tuple[str, str, Upload | None, str | None]:
+    """Where a dataset at ``path`` is written: ``(root, url, upload, staging)``.
+
+    ``root`` is the local directory shards are built in: the dataset directory
+    itself, or for a URL a new staging directory (``staging``, to remove when
+    done) whose shards ``upload`` puts at ``url``. A local dataset with
+    compressed shards also has an ``upload`` (to ``file://root``).
+    """
+    from chute.storage.remote import is_remote
+
+    text = os.fspath(path)
+    if is_remote(text):
+        from chute.storage.upload import Upload
+
+        if text.startswith(("http://", "https://")):
+            raise ChuteError(
+                f"cannot write to {text}: HTTP servers are read-only for chute; write the dataset to a "
+                "local directory or an object store and serve that"
+            )
+        url = text.rstrip("/")
+        upload = Upload(url, dict(storage_options or {}), compression)
+        staging = tempfile.mkdtemp(prefix="chute-write-")
+        return staging, url, upload, staging
+    root = os.path.abspath(local_path(text, "write to"))
+    upload = None
+    if compression is not None:
+        from chute.storage.upload import Upload
+
+        upload = Upload("file://" + root, None, compression)
+    return root, root, upload, None
 
 
 class Writer:
@@ -81,31 +196,7 @@ class Writer:
         compression: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        from chute.storage.remote import is_remote
-
-        text = os.fspath(path)
-        self.upload = None  # remote storage, or compressed shards: see chute.storage.upload
-        self.staging: str | None = None
-        if is_remote(text):
-            from chute.storage.upload import Upload
-
-            if text.startswith(("http://", "https://")):
-                raise ChuteError(
-                    f"cannot write to {text}: HTTP servers are read-only for chute; write the dataset to a "
-                    "local directory or an object store and serve that"
-                )
-
-            self.url = text.rstrip("/")
-            self.upload = Upload(self.url, dict(storage_options or {}), compression)
-            self.staging = tempfile.mkdtemp(prefix="chute-write-")
-            self.root = self.staging  # shards are built here, then uploaded
-        else:
-            self.root = os.path.abspath(local_path(text, "write to"))
-            self.url = self.root
-            if compression is not None:
-                from chute.storage.upload import Upload
-
-                self.upload = Upload("file://" + self.root, None, compression)
+        self.root, self.url, self.upload, self.staging = destination(path, storage_options, compression)
         self.shard_size = max(1, parse_size(shard_size))
         self.metadata = dict(metadata or {})
         self.lookahead = max(1, int(lookahead))
@@ -113,12 +204,10 @@ class Writer:
         self.durable = durable
         self.token = secrets.token_hex(4)
         self.position = 0
-        self.shards: list[ShardInfo] = []
         self.schema: Schema | None = None
-        self.builders: list[tuple[str, ColumnBuilder]] = []
+        self.part: ShardWriter | None = None  # once the schema is known
+        self.adopted: list[ShardInfo] = []  # shards other processes wrote (see adopt)
         self.pending: list[Mapping[str, Any]] = []
-        self.shard_bytes = 0
-        self.shard_rows = 0
         self.closed = False
         self._lock_fd: int | None = None
         self._tmp_files: set[str] = set()
@@ -203,11 +292,27 @@ class Writer:
     # ------------------------------------------------------------------ samples
 
     def _set_schema(self, schema: Schema) -> None:
-        if len(schema) == 0:
-            raise SchemaError("a dataset needs at least one column")
+        self.part = ShardWriter(
+            self.root, schema, token=self.token, shard_size=self.shard_size, checksum=self.checksum,
+            durable=self.durable, upload=self.upload,
+        )
         self.schema = schema
-        self.builders = [(name, make_builder(name, ctype)) for name, ctype in schema]
-        self._names = set(schema.names)
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        """The finished shards, in manifest order: this writer's own, then adopted ones."""
+        return (self.part.shards if self.part is not None else []) + self.adopted
+
+    def adopt(self, shards: Iterable[ShardInfo]) -> None:
+        """List shards that other processes wrote into this dataset (``chute.ray``'s tasks).
+
+        They must be complete files of this writer's schema inside its root (or
+        uploaded to its URL); the manifest lists them after this writer's own
+        shards. :meth:`abort` does not delete them: their writers clean up.
+        """
+        if self.schema is None:
+            raise ChuteError(f"the writer for {self.url} needs its schema= to adopt shards written elsewhere")
+        self.adopted.extend(shards)
 
     def append(self, sample: Mapping[str, Any]) -> None:
         """Add one sample. Raises SchemaError if it does not fit the schema."""
@@ -227,44 +332,8 @@ class Writer:
             self._add(sample)
 
     def _add(self, sample: Mapping[str, Any]) -> None:
-        check_keys(sample, self._names, self.position)
-        added = 0
-        for name, builder in self.builders:
-            added += builder.append(sample[name], self.position)
+        self.part.append(sample, self.position)
         self.position += 1
-        self.shard_rows += 1
-        self.shard_bytes += added
-        if self.shard_bytes >= self.shard_size:
-            self._write_shard()
-
-    def _write_shard(self) -> None:
-        assert self.schema is not None
-        if self.shard_rows == 0:
-            return
-        arrow_schema = self.schema.to_arrow()
-        batch = pa.record_batch([b.finish() for _, b in self.builders], schema=arrow_schema)
-        name = f"shard-{len(self.shards):05d}.{self.token}.arrow"
-        final = os.path.join(self.root, name)
-        tmp = os.path.join(self.root, f".{name}{TMP_SUFFIX}")
-        self._tmp_files.add(tmp)
-        # One record batch per shard: each fixed-size column is one contiguous buffer.
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, arrow_schema) as ipc:
-            ipc.write_batch(batch)
-        if self.durable:
-            _fsync_path(tmp)
-        size = os.path.getsize(tmp)
-        digest = checksum_file(tmp, self.checksum)
-        os.replace(tmp, final)
-        self._tmp_files.discard(tmp)
-        info = ShardInfo(name, self.shard_rows, size, digest)
-        if self.upload is not None:
-            try:
-                info = self.upload.put(final, info)
-            finally:
-                os.unlink(final)  # the staged copy (a compressed local dataset keeps only the .zst)
-        self.shards.append(info)
-        self.shard_rows = 0
-        self.shard_bytes = 0
 
     # ------------------------------------------------------------------ commit / abort
 
@@ -280,7 +349,7 @@ class Writer:
                         "pass schema= to write an empty dataset"
                     )
                 self._flush_pending()
-            self._write_shard()
+            self.part.flush()
             manifest = Manifest(
                 schema=self.schema,
                 shards=tuple(self.shards),
@@ -328,16 +397,15 @@ class Writer:
         if self.closed:
             return
         self.closed = True
-        if self.upload is not None:
+        if self.part is not None:
+            self.part.discard()
+        elif self.upload is not None:
             self.upload.abort()
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
         for tmp in self._tmp_files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        for shard in self.shards:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.root, shard.file))
         self._unlock()
 
 

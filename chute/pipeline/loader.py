@@ -275,6 +275,28 @@ class Loader:
             epoch, consumed = epoch + 1, 0
         self.epoch, self._start, self._explicit = epoch, consumed, True
 
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """A mixture's new weights, by source name, from the next batch the loop receives on.
+
+        Recorded in the order (and so in :meth:`state_dict`): a resumed run
+        follows the same weights at the same positions. Batches built ahead with
+        the old weights are dropped and built again.
+        """
+        change = getattr(self.order, "set_weights", None)
+        if change is None:
+            raise ChuteError("set_weights needs a mixture: chute.Loader(chute.mix({...}, weights={...}), ...)")
+        run = self._pass
+        running = run is not None and not run.finished and not run.closed_by_stream and run.executor is not None
+        if running and self.device is not None:
+            raise ChuteError(
+                "set_weights during a pass is not supported with device=...: batches already on the device would keep the "
+                "old weights; call it between passes (before iter(loader))"
+            )
+        state = self.state_dict()
+        change(int(state["epoch"]), int(state["consumed"]), weights)
+        if running:
+            run.restart_at = int(state["consumed"])
+
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[Any]:

@@ -52,6 +52,7 @@ class Pass:
         self.closed_by_stream = False
         self.stalled = False
         self.ended_by: str | None = None  # why the pass was ended from outside (a newer pass, close())
+        self.restart_at: int | None = None  # set_weights during the pass: go on from this position, rebuilt
         self.shards: list[int] | None = None  # progressive: the epoch's shards
         self.holds: Any = None  # progressive: the holds on the epoch's shards
         self.fetcher: Any = None  # a remote dataset's downloader (or progressive holds)
@@ -79,6 +80,15 @@ class Pass:
         except Exception:
             return f"sample {index}"
 
+    def restart(self) -> None:
+        """Drop what was built ahead and go on from position ``restart_at`` with new stages (a mixture's new weights)."""
+        position, self.restart_at = self.restart_at, None
+        self.close()
+        self.start, self.received, self.submitted = position, 0, 0
+        self.steps = self.order.num_batches(self.world_size, position)
+        self.executor = None
+        self.loader._start_pass(self)
+
     def close(self) -> None:
         """Stop the executor and the downloader; results not taken are dropped."""
         channel, executor, fetcher = self.channel, self.executor, self.fetcher
@@ -100,13 +110,9 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
         meter.start_pass(run)  # before the stages start: the pass's window covers their first downloads
     if run.executor is None:
         loader._start_pass(run)
-    channel, executor = run.channel, run.executor
-    n = run.steps
+    channel, executor, fetcher, n = run.channel, run.executor, run.fetcher, run.steps
     take, submit = channel.take, executor.submit
-    submitted = min(n, executor.depth)
-    for step in range(submitted):
-        submit(step)
-    fetcher = run.fetcher
+    submitted = _prime(executor, n)
     clock = time.perf_counter_ns
     timeout = watch.timeout(first=True) if watch is not None else -1
     counters = meter.counters if meter is not None and not device_side else None
@@ -118,7 +124,14 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
         next_tick = tuner.next_ns if tuner is not None else 1 << 62
     called = clock()
     try:
-        for step in range(n):
+        step = 0
+        while step < n:
+            if run.restart_at is not None:  # set_weights: what was built ahead is stale; go on from what was received
+                run.restart()
+                channel, executor, fetcher, n = run.channel, run.executor, run.fetcher, run.steps
+                take, submit = channel.take, executor.submit
+                submitted, step = _prime(executor, n), 0
+                continue
             try:
                 item = take(step, timeout)
             except TimeoutError:
@@ -148,6 +161,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
             if counters is None:
                 if batch is not None:
                     yield (step, rows, batch) if device_side else batch
+                step += 1
                 continue
             consumer.wait_ns += got - called
             if batch is not None:
@@ -175,6 +189,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
             if watch is not None and not step % TIMEOUT_EVERY:
                 timeout = watch.timeout(first=False)
             called = done
+            step += 1
     finally:
         run.submitted = submitted
         if device_side:
@@ -184,6 +199,14 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                 meter.end_pass(run)
             run.close()
             loader._ended(run)
+
+
+def _prime(executor: Any, n: int) -> int:
+    """Submit the first steps of a pass (as many as the executor's depth); how many were submitted."""
+    submitted = min(n, executor.depth)
+    for step in range(submitted):
+        executor.submit(step)
+    return submitted
 
 
 def ended(run: Pass) -> ChuteError:

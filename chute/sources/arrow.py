@@ -119,6 +119,17 @@ def select_schema(schema: pa.Schema, columns: Sequence[str] | None, where: str) 
     return pa.schema([schema.field(c) for c in columns])
 
 
+def plan_arrow_files(src: str | os.PathLike | Sequence[str | os.PathLike], columns: Sequence[str] | None) -> tuple[list[ArrowFile], pa.Schema, list]:
+    """The files, their (selected) schema, and how each column converts (shapes scanned where needed)."""
+    files = [ArrowFile.open(path) for path in list_arrow_files(src)]
+    schema = select_schema(files[0].schema, columns, files[0].path)
+    for other in files[1:]:
+        check_same_schema(schema, select_schema(other.schema, columns, other.path), files[0].path, other.path)
+    scan_names = [f.name for f in schema if needs_shape_scan(f.type)]
+    scans = scan_shapes(schema, ((b, f.path) for f in files for b in f.batches(scan_names))) if scan_names else {}
+    return files, schema, plan_columns(schema, scans, where=files[0].path)
+
+
 def from_arrow_files(
     src: str | os.PathLike | Sequence[str | os.PathLike],
     dst: str | os.PathLike,
@@ -136,13 +147,7 @@ def from_arrow_files(
     image's bytes, and anything else JSON. Null values are an error naming the file,
     row and column.
     """
-    files = [ArrowFile.open(path) for path in list_arrow_files(src)]
-    schema = select_schema(files[0].schema, columns, files[0].path)
-    for other in files[1:]:
-        check_same_schema(schema, select_schema(other.schema, columns, other.path), files[0].path, other.path)
-    scan_names = [f.name for f in schema if needs_shape_scan(f.type)]
-    scans = scan_shapes(schema, ((b, f.path) for f in files for b in f.batches(scan_names))) if scan_names else {}
-    plan = plan_columns(schema, scans, where=files[0].path)
+    files, schema, plan = plan_arrow_files(src, columns)
     samples = (
         sample
         for f in files

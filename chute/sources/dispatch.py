@@ -40,6 +40,7 @@ def convert(
     shard_size: int | str = DEFAULT_SHARD_SIZE,
     overwrite: bool = False,
     progress: bool = True,
+    ray: str | None = None,
     **kind_specific: Any,
 ) -> chute.Dataset:
     """Convert ``src`` into a chute dataset at ``dst`` and open it.
@@ -53,7 +54,17 @@ def convert(
     goes to the converter (e.g. ``path_column=``, ``root=``, ``data_type=`` for index,
     ``split=`` for hf, ``columns=`` for arrow/hf, ``column=`` for numpy); an option the
     kind does not take is an error. If anything fails, nothing valid is left at ``dst``.
+
+    ``ray`` (a Ray address: ``"auto"``, ``"ray://host:10001"``, ``"local"``) reads and
+    writes with Ray tasks instead (``chute[ray]``; see docs/ray.md): the same dataset,
+    its shards written in parallel, ``workers`` and ``progress`` unused.
     """
+    if ray is not None:  # chute convert --ray: the source's parts are read and written by Ray tasks
+        from chute.ray.convert import convert_on_ray
+
+        return convert_on_ray(
+            src, dst, address=ray, kind=kind, allow_pickle=allow_pickle, shard_size=shard_size, overwrite=overwrite, **kind_specific
+        )
     if kind is None:
         kind = detect_kind(src)
     elif kind not in CONVERTERS:

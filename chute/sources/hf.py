@@ -98,6 +98,19 @@ def _metadata(dataset: Any, split: str | None) -> dict[str, Any]:
     return meta
 
 
+def plan_hf(dataset_or_saved_dir: Any, split: str | None, columns: Sequence[str] | None) -> tuple[Any, str, str | None, list[str], list]:
+    """The dataset, where it is, its split, the columns to convert and how (shapes scanned where needed)."""
+    dataset, where, split = load_hf(dataset_or_saved_dir, split)
+    names = list(columns) if columns is not None else list(dataset.column_names)
+    missing = [c for c in names if c not in dataset.column_names]
+    if missing:
+        raise ChuteError(f"{where} has no column(s) {missing}; its columns are {dataset.column_names}")
+    schema = pa.schema([dataset.data.schema.field(name) for name in names])
+    scan_names = [f.name for f in schema if needs_shape_scan(f.type)]
+    scans = scan_shapes(schema, ((b, where) for b in _batches(dataset, scan_names))) if scan_names else {}
+    return dataset, where, split, names, plan_columns(schema, scans, where=where)
+
+
 def from_hf(
     dataset_or_saved_dir: Any,
     dst: str | os.PathLike,
@@ -113,15 +126,7 @@ def from_hf(
     For a ``DatasetDict`` pick the split with ``split=`` (needed when it has several).
     ``columns`` keeps only those columns. Row order is the dataset's order.
     """
-    dataset, where, split = load_hf(dataset_or_saved_dir, split)
-    names = list(columns) if columns is not None else list(dataset.column_names)
-    missing = [c for c in names if c not in dataset.column_names]
-    if missing:
-        raise ChuteError(f"{where} has no column(s) {missing}; its columns are {dataset.column_names}")
-    schema = pa.schema([dataset.data.schema.field(name) for name in names])
-    scan_names = [f.name for f in schema if needs_shape_scan(f.type)]
-    scans = scan_shapes(schema, ((b, where) for b in _batches(dataset, scan_names))) if scan_names else {}
-    plan = plan_columns(schema, scans, where=where)
+    dataset, where, split, names, plan = plan_hf(dataset_or_saved_dir, split, columns)
     samples = (
         sample
         for first_row, batch in number_batches(_batches(dataset, names))

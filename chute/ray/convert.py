@@ -1,0 +1,60 @@
+"""``chute convert --ray ADDRESS``: a converter's source read and written by Ray tasks.
+
+The source is cut into parts (:func:`chute.sources.parts.plan`: chunks of an
+index or image folder, tars, Parquet files, row ranges); a Ray dataset of part
+numbers goes through :class:`chute.ray.sink.ChuteDatasink`, whose write tasks
+read their parts and write shards, and the driver writes the manifest. Rows are
+in part order (parts keep the source's order; Ray keeps the parts' order).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+import ray
+
+import chute
+from chute.errors import ChuteError
+from chute.format.schema import infer_schema
+from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE
+from chute.ray.sink import ChuteDatasink, run
+from chute.sources.parts import plan
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster at ``address`` (``auto``, ``ray://host:port``; ``local``: start one here)."""
+    if ray.is_initialized():
+        return
+    ray.init(address=None if address == "local" else address, log_to_driver=False, configure_logging=False)
+
+
+def convert_on_ray(
+    src: Any,
+    dst: str | os.PathLike,
+    *,
+    address: str = "auto",
+    kind: str | None = None,
+    allow_pickle: bool = False,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    overwrite: bool = False,
+    rows_per_part: int | None = None,
+    **kind_specific: Any,
+) -> chute.Dataset:
+    """Convert ``src`` into a chute dataset at ``dst`` with Ray tasks (see :func:`chute.sources.convert`)."""
+    options = {} if rows_per_part is None else {"rows_per_part": rows_per_part}
+    source = plan(src, kind, allow_pickle=allow_pickle, **options, **kind_specific)
+    if not source.parts:
+        raise ChuteError(f"{src} holds no samples to convert")
+    schema = source.schema
+    if schema is None:  # as the converter does: from the first samples (read here)
+        first = [sample for sample, _ in itertools.islice(source.read(source.parts[0]), DEFAULT_LOOKAHEAD)]
+        schema = infer_schema(first, first_position=0)
+    connect(address)
+    parts = ray.data.from_items([{"part": i} for i in range(len(source.parts))], override_num_blocks=len(source.parts))
+    parts.context.execution_options.preserve_order = True
+    sink = ChuteDatasink(
+        dst, schema=schema, shard_size=shard_size, overwrite=overwrite, metadata=source.metadata, plan=source,
+    )
+    return run(parts, sink)
