@@ -56,7 +56,10 @@ def _chunks(items: list[Any], size: int) -> list[list[Any]]:
 # --------------------------------------------------------------------------- index of files
 
 
-def _index(src: Any, rows: int, *, allow_pickle: bool, path_column: str | None = None, data_type: ColumnType | None = None) -> SourcePlan:
+def _index(
+    src: Any, rows: int, *, allow_pickle: bool, path_column: str | None = None, data_type: ColumnType | None = None,
+    root: Any = None,
+) -> SourcePlan:
     from chute.sources.index import DATA_COLUMN, PATH_COLUMN, _extra_type, check_pickles, read_index
 
     index = read_index(src, path_column=path_column)
@@ -66,13 +69,13 @@ def _index(src: Any, rows: int, *, allow_pickle: bool, path_column: str | None =
     schema = None
     if data_type is not None:
         schema = {PATH_COLUMN: String(), **{k: _extra_type(v) for k, v in index.extras.items()}, DATA_COLUMN: data_type}
-    resolved = index.resolve()
+    resolved = index.resolve(root)
     entries = [
         (index.places[i], index.paths[i], resolved[i], {c: v[i] for c, v in index.extras.items()}) for i in range(len(index.paths))
     ]
     return SourcePlan(
         "index", _chunks(entries, rows), functools.partial(_read_index_part, allow_pickle), schema,
-        {"source": {"kind": "index", "index": os.path.abspath(index.source)}},
+        {"source": {"kind": "index", "index": os.path.abspath(index.source), "root": index.base(root)}},
     )
 
 

@@ -148,12 +148,15 @@ def snapshot():
     """Child processes, open files and shared memory segments of this process."""
     resource_tracker.ensure_running()  # started by the first pool; not a leak
     gc.collect()  # what earlier tests left for the collector (mapped shards of their datasets) goes first
+    gc.collect()
     fds = []
     for fd in os.listdir("/proc/self/fd"):
         try:
-            fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+            target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            pass
+            continue
+        if target.startswith(("pipe:", "/dev/shm/")) or target.endswith(".arrow"):  # what a pool could leave open
+            fds.append(target)
     shm = ring_entries()  # this process's segments: others may be running the suite at the same time
     return {p.pid for p in multiprocessing.active_children()}, sorted(fds), shm
 
