@@ -38,6 +38,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from chute import _native
+
 DEFAULT_WINDOW = 4
 """Shards per shuffle window."""
 
@@ -74,7 +76,18 @@ def permutation(n: int, key: int) -> np.ndarray:
 
     A balanced Feistel network is a bijection on ``[0, 4**h)``; the values below
     ``n``, taken in order of their position, are a permutation of ``range(n)``.
+    Computed by ``chute._native.feistel``; ``_permutation_numpy`` is the same in numpy.
     """
+    if n <= 1:
+        return np.zeros(n, dtype=np.int64)
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    out = np.empty(n, dtype=np.int64)
+    _native.feistel(n, half, [_key(key, r) for r in range(_ROUNDS)], out)
+    return out
+
+
+def _permutation_numpy(n: int, key: int) -> np.ndarray:
+    """``permutation`` in numpy: the reference the native Feistel network is tested against."""
     if n <= 1:
         return np.zeros(n, dtype=np.int64)
     half = max(1, ((n - 1).bit_length() + 1) // 2)

@@ -1,0 +1,111 @@
+/* chute._native: the module object, its exception classes and its method table. */
+#include "native.h"
+
+NativeState *ch_state(PyObject *module)
+{
+    return (NativeState *)PyModule_GetState(module);
+}
+
+#define CH_METHOD(name, doc) {#name, (PyCFunction)(void (*)(void))ch_##name, METH_FASTCALL | METH_KEYWORDS, doc}
+
+static PyMethodDef methods[] = {
+    CH_METHOD(gather,
+              "gather(indices, offsets, columns) -> None\n\n"
+              "Copy fixed-size rows: for each (sources, out, row_bytes) in columns, row i of out\n"
+              "becomes global row indices[i]. sources[s] is None or shard s's rows back to back."),
+    CH_METHOD(gather_binary,
+              "gather_binary(indices, offsets, sources, item_size=1) -> (offsets, data)\n\n"
+              "Gather rows of a large_binary / large_string / large_list column; sources[s] is\n"
+              "None or (value_offsets int64, data). Returns int64 offsets (in items) and the values."),
+    CH_METHOD(gather_map,
+              "gather_map(indices, offsets, sources, value_size=8) -> (entry_offsets, key_offsets,\n"
+              "key_data, value_offsets, value_data)\n\n"
+              "Gather rows of a map<large_string, V> column; sources[s] is None or (entry_offsets\n"
+              "int32, key_offsets int64, key_data, value_offsets int64 or None, value_data)."),
+    CH_METHOD(join_json,
+              "join_json(offsets, data) -> bytes\n\n"
+              "b'[' + b','.join(rows) + b']' of the rows given by int64 offsets into data."),
+    CH_METHOD(take_objects,
+              "take_objects(indices, offsets, sources, kind) -> list\n\n"
+              "The rows of a string/binary column as str (kind='str') or bytes (kind='bytes')."),
+    CH_METHOD(take_dicts,
+              "take_dicts(indices, offsets, sources, kind) -> list[dict]\n\n"
+              "One dict per row of a map<large_string, V> column, keys in stored order; values of\n"
+              "kind 'str', 'bytes', 'int64' or 'float64'."),
+    CH_METHOD(dicts_from_values,
+              "dicts_from_values(entry_offsets, key_offsets, key_data, values) -> list[dict]\n\n"
+              "One dict per row from gather_map's entry structure and one value object per entry."),
+    CH_METHOD(feistel,
+              "feistel(n, half, round_keys, out) -> None\n\n"
+              "Fill the int64 buffer out with chute.order's keyed Feistel permutation of range(n)."),
+    {NULL, NULL, 0, NULL},
+};
+
+static const char unmapped_doc[] =
+    "A shard the call needs is not mapped (its source is None). Nothing was copied.\n\n"
+    "Attribute shard: the lowest such shard number. Map it and call again.";
+
+static const char corrupt_doc[] =
+    "A shard's buffers do not hold what its structure claims (too short, offsets out of\n"
+    "order or out of bounds, invalid UTF-8). Nothing was copied.\n\n"
+    "Attributes shard and row (the row within the shard, or -1).";
+
+static int module_exec(PyObject *module)
+{
+    NativeState *state = ch_state(module);
+    state->unmapped = PyErr_NewExceptionWithDoc("chute._native.Unmapped", unmapped_doc, PyExc_LookupError, NULL);
+    if (state->unmapped == NULL)
+        return -1;
+    state->corrupt = PyErr_NewExceptionWithDoc("chute._native.CorruptShard", corrupt_doc, PyExc_ValueError, NULL);
+    if (state->corrupt == NULL)
+        return -1;
+    if (PyModule_AddObjectRef(module, "Unmapped", state->unmapped) < 0)
+        return -1;
+    if (PyModule_AddObjectRef(module, "CorruptShard", state->corrupt) < 0)
+        return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    NativeState *state = ch_state(module);
+    Py_VISIT(state->unmapped);
+    Py_VISIT(state->corrupt);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    NativeState *state = ch_state(module);
+    Py_CLEAR(state->unmapped);
+    Py_CLEAR(state->corrupt);
+    return 0;
+}
+
+static void module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "chute._native",
+    .m_doc = "chute's native kernels: batch gathers from memory-mapped shards, bulk decoding of\n"
+             "variable-length columns into Python objects, and the order's Feistel permutation.",
+    .m_size = sizeof(NativeState),
+    .m_methods = methods,
+    .m_slots = slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    return PyModuleDef_Init(&moduledef);
+}

@@ -1,0 +1,82 @@
+"""chute's native kernels (C, chute/_csrc): batch gathers from memory-mapped shards.
+
+Common arguments: ``indices`` is a C-contiguous int64 buffer of global row ids (any
+order, duplicates allowed, possibly empty); ``offsets`` an int64 buffer of S + 1
+entries, ``offsets[s]`` the first global row of shard s and ``offsets[S]`` the total
+(``offsets[0] == 0``, non-decreasing); ``sources`` a list with one item per shard,
+``None`` while the shard is not mapped.
+
+Every function validates everything before it copies anything or returns a result:
+``ValueError`` for bad arguments, ``IndexError`` for an index outside
+``[0, offsets[S])``, :class:`Unmapped` when a shard the batch needs is ``None``,
+:class:`CorruptShard` when a shard's buffers do not hold what its structure claims.
+The buffers of every shard read are held for the whole call, so another thread may
+replace list items meanwhile. Copies of 64 KiB and more run with the GIL released.
+"""
+
+from collections.abc import Sequence
+from typing import Literal
+
+from typing_extensions import Buffer
+
+class Unmapped(LookupError):
+    """A needed source is None; ``shard`` is the lowest such shard. Nothing was copied."""
+
+    shard: int
+
+class CorruptShard(ValueError):
+    """A shard's buffers are inconsistent; ``row`` is the row within the shard, or -1."""
+
+    shard: int
+    row: int
+
+BinarySource = tuple[Buffer, Buffer]
+"""(value_offsets int64[rows + 1] counted in items, data)."""
+
+MapSource = tuple[Buffer, Buffer, Buffer, Buffer | None, Buffer]
+"""(entry_offsets int32[rows + 1], key_offsets int64[entries + 1], key_data,
+value_offsets int64[entries + 1] or None for fixed-size values, value_data)."""
+
+def gather(indices: Buffer, offsets: Buffer, columns: Sequence[tuple[Sequence[Buffer | None], Buffer, int]]) -> None:
+    """Fixed-size rows: for each ``(sources, out, row_bytes)``, row i of ``out`` becomes row ``indices[i]``.
+
+    ``sources[s]`` holds shard s's rows back to back; ``out`` is writable and holds
+    exactly ``len(indices) * row_bytes`` bytes. One call serves every column of a batch.
+    """
+
+def gather_binary(
+    indices: Buffer, offsets: Buffer, sources: Sequence[BinarySource | None], item_size: int = 1
+) -> tuple[bytes, bytes]:
+    """Rows of a large_binary / large_string / large_list column: ``(int64 offsets[n + 1] in items, values)``."""
+
+def gather_map(
+    indices: Buffer, offsets: Buffer, sources: Sequence[MapSource | None], value_size: int = 8
+) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """Rows of a ``map<large_string, V>`` column, in Arrow's buffer layout.
+
+    Returns ``(entry_offsets int32[n + 1], key_offsets int64[E + 1], key_data,
+    value_offsets int64[E + 1] or b"" for fixed-size values, value_data)``, ready for
+    ``pyarrow.Array.from_buffers``. Keys must be UTF-8.
+    """
+
+def join_json(offsets: Buffer, data: Buffer) -> bytes:
+    """``b"[" + b",".join(rows) + b"]"`` of the rows ``data[offsets[i]:offsets[i + 1]]``."""
+
+def take_objects(
+    indices: Buffer, offsets: Buffer, sources: Sequence[BinarySource | None], kind: Literal["str", "bytes"]
+) -> list[str] | list[bytes]:
+    """The rows of a string/binary column as Python objects (``CorruptShard`` for invalid UTF-8)."""
+
+def take_dicts(
+    indices: Buffer,
+    offsets: Buffer,
+    sources: Sequence[MapSource | None],
+    kind: Literal["str", "bytes", "int64", "float64"],
+) -> list[dict[str, object]]:
+    """One dict per row of a map column, keys in stored order (a repeated key: the last entry wins)."""
+
+def dicts_from_values(entry_offsets: Buffer, key_offsets: Buffer, key_data: Buffer, values: list[object]) -> list[dict[str, object]]:
+    """Dicts from ``gather_map``'s entry structure and one already decoded value per entry."""
+
+def feistel(n: int, half: int, round_keys: Sequence[int], out: Buffer) -> None:
+    """Fill the int64 buffer ``out`` (n items) with ``chute.order``'s Feistel permutation of ``range(n)``."""
