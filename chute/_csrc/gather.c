@@ -73,7 +73,7 @@ static int parse_columns(PyObject *columns, const Batch *b, Column **out_cols, P
         cols[c].sources = Py_NewRef(PyTuple_GET_ITEM(spec, 0));
         int64_t need;
         if (ch_mul_overflow((int64_t)b->n, cols[c].row_bytes, &need) || need != cols[c].out.len) {
-            PyErr_Format(PyExc_ValueError, "columns[%zd] out holds %zd bytes, needs %zd rows x %lld bytes", c,
+            PyErr_Format(PyExc_ValueError, "columns[%zd]: out holds %zd bytes, needs %zd rows x %lld bytes", c,
                          cols[c].out.len, b->n, (long long)cols[c].row_bytes);
             goto done;
         }
