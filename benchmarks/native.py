@@ -63,13 +63,14 @@ def run_case(title: str, candidates: dict[str, Callable[[int], None]], batches: 
                 fn(b)
             seconds[name].append(time.perf_counter() - start)
     reference = next(iter(candidates))
+    labels = {name: f"{name} (reference)" if name == reference else name for name in candidates}
+    width = max(len(label) for label in labels.values())
     print(f"\n{title}")
-    print(f"  {'':52} {'rows/s':>12} {'MB/s':>9} {'x reference':>12}")
+    print(f"  {'':{width}} {'rows/s':>12} {'MB/s':>9} {'x reference':>12}")
     for name, times in seconds.items():
         rate = batches * rows_per_batch / statistics.median(times)
         ratio = statistics.median(r / t for r, t in zip(seconds[reference], times))
-        label = f"{name} (reference)" if name == reference else name
-        print(f"  {label:52} {rate:12,.0f} {rate * bytes_per_row / 1e6:9,.0f} {ratio:12.2f}")
+        print(f"  {labels[name]:{width}} {rate:12,.0f} {rate * bytes_per_row / 1e6:9,.0f} {ratio:12.2f}")
 
 
 def w2(repeats: int, rng: np.random.Generator) -> None:
