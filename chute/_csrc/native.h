@@ -20,10 +20,8 @@
 #include <string.h>
 
 #if defined(__GNUC__) || defined(__clang__)
-#define CH_LIKELY(x) __builtin_expect(!!(x), 1)
 #define CH_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
-#define CH_LIKELY(x) (x)
 #define CH_UNLIKELY(x) (x)
 #endif
 
