@@ -217,7 +217,8 @@ int ch_batch_open(Batch *b, PyObject *indices, PyObject *offsets)
     return 0;
 }
 
-/* The last shard s in [0, nshards) with offsets[s] <= x (offsets[0] = 0 <= x < offsets[nshards]). */
+/* The last shard s in [0, nshards) with offsets[s] <= x (offsets[0] = 0 <= x < offsets[nshards]).
+ * Branch-free: the searches of consecutive indices overlap in the pipeline. */
 static inline Py_ssize_t find_shard(const int64_t *offsets, Py_ssize_t nshards, int64_t x)
 {
     const int64_t *base = offsets;
@@ -230,20 +231,18 @@ static inline Py_ssize_t find_shard(const int64_t *offsets, Py_ssize_t nshards, 
     return base - offsets;
 }
 
-static int index_error(int64_t x, Py_ssize_t i, int64_t total)
-{
-    PyErr_Format(PyExc_IndexError, "index %lld (position %zd of the batch) is out of range for %lld rows", (long long)x,
-                 i, (long long)total);
-    return -1;
-}
+/* Up to this many shards, every shard has a slot (its own number): no slot bookkeeping
+ * per index. Beyond, only the touched shards get one. */
+#define SHARDS_AS_SLOTS 16
 
 int ch_batch_resolve(Batch *b)
 {
     Py_ssize_t n = b->n, nshards = b->nshards;
-    Py_ssize_t most = n < nshards ? n : nshards; /* slots */
-    /* One block: row (n int64), rows (most int64), slot (n int32), shard (most int32),
-     * order (most int32), mark (nshards int32). */
-    size_t bytes = (size_t)(n + most) * 8 + (size_t)(n + 2 * most + nshards) * 4 + 8;
+    int direct = nshards <= SHARDS_AS_SLOTS;
+    Py_ssize_t nslots = direct ? nshards : (n < nshards ? n : nshards); /* at most */
+    /* One block: row (n int64), rows (nslots int64), slot (n int32), shard (nslots int32),
+     * order (nslots int32), mark (nshards int32). */
+    size_t bytes = (size_t)(n + nslots) * 8 + (size_t)(n + 2 * nslots + nshards) * 4 + 8;
     char *block = PyMem_Malloc(bytes);
     if (block == NULL) {
         PyErr_NoMemory();
@@ -251,43 +250,47 @@ int ch_batch_resolve(Batch *b)
     }
     b->row = (int64_t *)block;
     b->rows = b->row + n;
-    b->slot = (int32_t *)(b->rows + most);
+    b->slot = (int32_t *)(b->rows + nslots);
     b->shard = b->slot + n;
-    b->order = b->shard + most;
-    int32_t *mark = b->order + most; /* per shard: its slot + 1, 0 when untouched */
+    b->order = b->shard + nslots;
+    int32_t *mark = b->order + nslots; /* per shard: touched (direct), or its slot + 1 */
     memset(mark, 0, (size_t)nshards * 4);
 
-    int64_t total = b->offsets[nshards];
+    const int64_t *offsets = b->offsets;
+    int64_t total = offsets[nshards];
     const char *ip = b->indices_view.buf;
-    int64_t lo = 0, hi = 0; /* the current shard's rows, [lo, hi): empty until the first search */
-    int32_t slot = 0;
-    Py_ssize_t nslots = 0;
+    Py_ssize_t used = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t x = ch_ld64(ip + 8 * i);
-        if (x < lo || x >= hi) { /* rarely taken when indices come grouped by shard */
-            if (CH_UNLIKELY((uint64_t)x >= (uint64_t)total)) {
-                PyErr_Format(PyExc_IndexError, "index %lld (position %zd of the batch) is out of range for %lld rows",
-                             (long long)x, i, (long long)total);
-                return -1;
-            }
-            Py_ssize_t s = find_shard(b->offsets, nshards, x);
-            lo = b->offsets[s];
-            hi = b->offsets[s + 1];
-            if (mark[s] == 0) {
-                b->shard[nslots] = (int32_t)s;
-                b->rows[nslots] = hi - lo;
-                mark[s] = (int32_t)++nslots;
-            }
-            slot = mark[s] - 1;
+        if (CH_UNLIKELY((uint64_t)x >= (uint64_t)total)) {
+            PyErr_Format(PyExc_IndexError, "index %lld (position %zd of the batch) is out of range for %lld rows",
+                         (long long)x, i, (long long)total);
+            return -1;
         }
-        b->slot[i] = slot;
-        b->row[i] = x - lo;
+        Py_ssize_t s = find_shard(offsets, nshards, x);
+        b->row[i] = x - offsets[s];
+        if (direct) {
+            b->slot[i] = (int32_t)s;
+            mark[s] = 1;
+        } else {
+            if (mark[s] == 0) {
+                b->shard[used] = (int32_t)s;
+                mark[s] = (int32_t)++used;
+            }
+            b->slot[i] = mark[s] - 1;
+        }
     }
-    b->nslots = nslots;
 
-    /* The slots by ascending shard. */
-    if (nslots <= 32) { /* insertion sort: a batch usually touches a few shards */
-        for (Py_ssize_t k = 0; k < nslots; k++) {
+    /* The touched slots by ascending shard: their sources are taken in that order. */
+    Py_ssize_t touched = 0;
+    if (direct) {
+        for (Py_ssize_t s = 0; s < nshards; s++) {
+            b->shard[s] = (int32_t)s;
+            if (mark[s])
+                b->order[touched++] = (int32_t)s;
+        }
+    } else if (used <= 32) { /* insertion sort: a batch usually touches a few shards */
+        for (Py_ssize_t k = 0; k < used; k++) {
             Py_ssize_t j = k;
             while (j > 0 && b->shard[b->order[j - 1]] > b->shard[k]) {
                 b->order[j] = b->order[j - 1];
@@ -295,13 +298,17 @@ int ch_batch_resolve(Batch *b)
             }
             b->order[j] = (int32_t)k;
         }
-    } else { /* the touched shards in ascending order, from the marks */
-        Py_ssize_t j = 0;
+        touched = used;
+    } else {
         for (Py_ssize_t s = 0; s < nshards; s++) {
             if (mark[s] != 0)
-                b->order[j++] = mark[s] - 1;
+                b->order[touched++] = mark[s] - 1;
         }
     }
+    b->nslots = direct ? nshards : used;
+    b->ntouched = touched;
+    for (Py_ssize_t k = 0; k < b->nslots; k++)
+        b->rows[k] = offsets[b->shard[k] + 1] - offsets[b->shard[k]];
     return 0;
 }
 

@@ -110,7 +110,7 @@ static int take_sources(PyObject *module, const Batch *b, Column *cols, Py_ssize
             return -1;
         }
     }
-    for (Py_ssize_t j = 0; j < b->nslots; j++) {
+    for (Py_ssize_t j = 0; j < b->ntouched; j++) {
         Py_ssize_t k = b->order[j];
         for (Py_ssize_t c = 0; c < ncols; c++) {
             if (ch_held_take(module, &cols[c].held, b, k, cols[c].sources, "sources") < 0) {
@@ -120,7 +120,7 @@ static int take_sources(PyObject *module, const Batch *b, Column *cols, Py_ssize
             }
         }
     }
-    for (Py_ssize_t j = 0; j < b->nslots; j++) {
+    for (Py_ssize_t j = 0; j < b->ntouched; j++) {
         Py_ssize_t k = b->order[j];
         for (Py_ssize_t c = 0; c < ncols; c++) {
             Py_buffer *view = ch_held_view(&cols[c].held, k, 0);

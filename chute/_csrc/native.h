@@ -20,10 +20,8 @@
 #include <string.h>
 
 #if defined(__GNUC__) || defined(__clang__)
-#define CH_LIKELY(x) __builtin_expect(!!(x), 1)
 #define CH_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
-#define CH_LIKELY(x) (x)
 #define CH_UNLIKELY(x) (x)
 #endif
 
@@ -102,20 +100,22 @@ PyObject *ch_raise_corrupt(PyObject *module, Py_ssize_t shard, int64_t row, cons
 
 /* ------------------------------------------------------------------ the batch plan */
 
-/* The indices of one call resolved against the shard offsets. Shards the batch touches
- * get a slot (in the order they are first met); every index keeps its slot and its row. */
+/* The indices of one call resolved against the shard offsets. Each index gets a slot (the
+ * key of the per-shard arrays of a call) and its row; `order` lists the slots the batch
+ * touches, by ascending shard number. */
 typedef struct {
     Py_buffer indices_view;
     Py_buffer offsets_view;
-    Py_ssize_t n;       /* number of indices */
-    Py_ssize_t nshards; /* S */
-    int64_t *offsets;   /* private copy of the validated offsets, S + 1 entries */
-    int32_t *slot;      /* per index */
-    int64_t *row;       /* per index: row within its shard */
-    Py_ssize_t nslots;  /* shards touched */
-    int32_t *shard;     /* per slot: shard number */
-    int64_t *rows;      /* per slot: the shard's row count */
-    int32_t *order;     /* the slots by ascending shard number */
+    Py_ssize_t n;         /* number of indices */
+    Py_ssize_t nshards;   /* S */
+    int64_t *offsets;     /* private copy of the validated offsets, S + 1 entries */
+    int32_t *slot;        /* per index */
+    int64_t *row;         /* per index: row within its shard */
+    Py_ssize_t nslots;    /* size of the per-slot arrays */
+    int32_t *shard;       /* per slot: shard number */
+    int64_t *rows;        /* per slot: the shard's row count */
+    Py_ssize_t ntouched;  /* slots the batch touches */
+    int32_t *order;       /* the touched slots, by ascending shard number */
 } Batch;
 
 /* Exports the indices and offsets buffers and validates the offsets (ValueError). */

@@ -8,7 +8,7 @@
 
 int ch_binary_spans(PyObject *module, const Batch *b, const Held *h, int64_t item_size, Span *spans)
 {
-    for (Py_ssize_t j = 0; j < b->nslots; j++) {
+    for (Py_ssize_t j = 0; j < b->ntouched; j++) {
         Py_ssize_t k = b->order[j];
         int64_t entries = ch_held_view(h, k, 0)->len / 8;
         if (entries < b->rows[k] + 1) {
@@ -74,7 +74,7 @@ int ch_map_plan(PyObject *module, const Batch *b, const Held *h, int variable, i
 {
     memset(plan, 0, sizeof(*plan));
     Py_ssize_t n = b->n;
-    for (Py_ssize_t j = 0; j < b->nslots; j++) {
+    for (Py_ssize_t j = 0; j < b->ntouched; j++) {
         Py_ssize_t k = b->order[j];
         if ((ch_held_view(h, k, 3)->obj != NULL) != variable) {
             PyErr_Format(PyExc_ValueError, "shard %d: value_offsets must be %s for %s values", (int)b->shard[k],
@@ -213,7 +213,7 @@ static int open_sources(PyObject *module, Batch *b, Held *h, PyObject *indices, 
         return -1;
     if (ch_held_init(h, b->nslots, nbuf, optional) < 0)
         return -1;
-    for (Py_ssize_t j = 0; j < b->nslots; j++) {
+    for (Py_ssize_t j = 0; j < b->ntouched; j++) {
         Py_ssize_t k = b->order[j];
         if (ch_held_take(module, h, b, k, sources, "sources") < 0)
             return -1;
@@ -243,8 +243,8 @@ int ch_open_map(PyObject *module, Batch *b, Held *h, PyObject *indices, PyObject
         return -1;
     if (variable < 0) {
         variable = 0;
-        if (b->nslots > 0)
-            variable = ch_held_view(h, 0, 3)->obj != NULL;
+        if (b->ntouched > 0)
+            variable = ch_held_view(h, b->order[0], 3)->obj != NULL;
         else {
             for (Py_ssize_t s = 0; s < PySequence_Fast_GET_SIZE(sources); s++) {
                 PyObject *item = PySequence_Fast_GET_ITEM(sources, s);

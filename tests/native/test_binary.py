@@ -36,21 +36,17 @@ def concat(arrays, arrow_type):
 
 
 @SETTINGS
-@given(columns(texts, pa.large_string()))
-def test_take_objects_str_equals_pyarrow(case):
-    arrays, layout, indices = case
-    got = _native.take_objects(indices, offsets_of(layout), [binary_source(a) for a in arrays], "str")
-    assert got == concat(arrays, pa.large_string()).take(indices).to_pylist()
-    assert all(type(v) is str for v in got)
-
-
-@SETTINGS
-@given(columns(blobs, pa.large_binary()))
-def test_take_objects_bytes_equals_pyarrow(case):
-    arrays, layout, indices = case
-    got = _native.take_objects(indices, offsets_of(layout), [binary_source(a) for a in arrays], "bytes")
-    assert got == concat(arrays, pa.large_binary()).take(indices).to_pylist()
-    assert all(type(v) is bytes for v in got)
+@given(
+    st.one_of(
+        st.tuples(st.just(("str", str, pa.large_string())), columns(texts, pa.large_string())),
+        st.tuples(st.just(("bytes", bytes, pa.large_binary())), columns(blobs, pa.large_binary())),
+    )
+)
+def test_take_objects_equals_pyarrow(args):
+    (kind, python_type, arrow_type), (arrays, layout, indices) = args
+    got = _native.take_objects(indices, offsets_of(layout), [binary_source(a) for a in arrays], kind)
+    assert got == concat(arrays, arrow_type).take(indices).to_pylist()
+    assert all(type(v) is python_type for v in got)
 
 
 @SETTINGS
