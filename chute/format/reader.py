@@ -287,8 +287,10 @@ class Dataset:
         self._starts = self.offsets[:-1]
         self._shards: list[_Shard | None] = [None] * len(manifest.shards)
         self._lock = threading.Lock()
+        self._local = threading.local()  # a remote dataset's direct read in progress: the shards it holds
         self._batches = BatchReader(manifest.schema, self.offsets, self.shard, lambda i: manifest.shards[i].file, root)
-        self.read = self._batches.read  # the Loader's per-batch call, without a method of its own in between
+        # the Loader's per-batch call: straight to the batch reader (no method of its own in between) for a local dataset
+        self.read = self._batches.read if cache is None else self._read_held
 
     # ------------------------------------------------------------------ description
 
@@ -374,16 +376,21 @@ class Dataset:
         keeps the last few held, so neighbouring reads do not download again.
         """
         cache = self.cache
+        reading = getattr(self._local, "reading", None)  # shards the read in progress needs: kept until it is done
         if not cache.held(i):  # make room among this dataset's own holds first
             size = self.manifest.shards[i].bytes
             while True:
                 with self._lock:
                     held = sum(self.manifest.shards[j].bytes for j in self._recent)
                     full = len(self._recent) >= _DIRECT_HOLDS or (cache.limit is not None and held + size > cache.limit)
-                    drop = self._recent.popleft() if full and self._recent else None
+                    drop = next((j for j in self._recent if reading is None or j not in reading), None) if full else None
+                    if drop is not None:
+                        self._recent.remove(drop)
                 if drop is None:
                     break
                 cache.release(drop)
+        if reading is not None:
+            reading.add(i)
         cache.acquire(i)
         keep = cache.held(i) == 1  # nobody else holds it: this read keeps it for a while
         try:
@@ -400,6 +407,24 @@ class Dataset:
         with self._lock:
             self._recent.append(i)
         return shard
+
+    def _read_held(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
+        """:meth:`BatchReader.read` for a remote dataset: every shard the batch needs stays held until it is read.
+
+        (A direct read keeps at most a few shards held between reads; one batch
+        may span more, and releasing one to map the next would never end.)
+        """
+        self._local.reading = set()
+        try:
+            return self._batches.read(indices, outs, columnar)
+        finally:
+            self._local.reading = None
+            while True:  # back to the few holds kept between direct reads
+                with self._lock:
+                    drop = self._recent.popleft() if len(self._recent) > _DIRECT_HOLDS else None
+                if drop is None:
+                    break
+                self.cache.release(drop)
 
     def _unmap(self, i: int) -> None:
         """Called by the shard source when shard ``i`` is no longer held: drop its mapping.
