@@ -25,7 +25,8 @@ import pyarrow as pa
 import torch
 
 from chute.errors import ManifestError, ShardError
-from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest
+from chute.format import validate
+from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest, read_manifest
 from chute.format.schema import FIXED_SIZE, Bytes, ColumnType, Json, Map, Ragged, Scalar, Schema, String, Tensor
 
 if TYPE_CHECKING:
@@ -72,12 +73,15 @@ def _readonly_tensor(array: np.ndarray) -> torch.Tensor:
 class _Shard:
     """One memory-mapped shard: byte views of its fixed-size columns, Arrow arrays of the rest."""
 
-    def __init__(self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str) -> None:
+    def __init__(self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str,
+                 checks: validate.ShardChecks | None = None) -> None:
         try:
             # pa.memory_map, not Python's mmap + py_buffer: with the latter, Arrow touched
             # every page of a column when it was first sliced (0.4 s per 128 MiB shard).
             # It keeps one descriptor open per mapped shard until the dataset is closed.
             self.mmap = pa.memory_map(path, "r")
+            if checks is not None:  # its size and checksum, before any of its bytes are parsed
+                checks.bytes(self.mmap, path, info, where)
             reader = pa.ipc.open_file(self.mmap)
             file_schema = reader.schema
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
@@ -93,6 +97,8 @@ class _Shard:
                 f"{where}: shard {info.file} has schema {file_schema} but the manifest says "
                 f"{arrow_schema}; the shard does not belong to this dataset: write it again"
             )
+        if checks is not None:  # offsets, buffer bounds, rows and nulls, before anything is decoded
+            checks.structure(batches, path, info, schema, where)
         rows = sum(b.num_rows for b in batches)
         if rows != info.rows:
             raise ShardError(f"{where}: shard {info.file} holds {rows} rows, the manifest says {info.rows}; write the dataset again")
@@ -130,8 +136,10 @@ class Dataset:
     process that unpickles it).
     """
 
-    def __init__(self, root: str, manifest: Manifest, manifest_text: str, cache: ShardCache | None = None) -> None:
+    def __init__(self, root: str, manifest: Manifest, manifest_text: str, cache: ShardCache | None = None,
+                 *, verify: bool = True) -> None:
         self.root = root
+        self._checks = validate.ShardChecks(verify)  # each shard's bytes and structure, once per process
         self.manifest = manifest
         self._manifest_text = manifest_text
         self.cache = cache  # the node cache a remote dataset's shards are read through (None: local)
@@ -173,8 +181,8 @@ class Dataset:
 
     def __reduce__(self):
         if self.cache is not None:
-            return (_restore_remote, (self.cache.remote, self._manifest_text, self.cache.cache_dir, self.cache.limit))
-        return (_restore, (self.root, self._manifest_text))
+            return (_restore_remote, (self.cache.remote, self._manifest_text, self.cache.cache_dir, self.cache.limit, self._checks.verify))
+        return (_restore, (self.root, self._manifest_text, self._checks.verify))
 
     def shard_path(self, i: int) -> str:
         """The local file of shard ``i`` (for a remote dataset: its place in the cache)."""
@@ -201,7 +209,7 @@ class Dataset:
                 shard = self._shards[i]
                 if shard is None:
                     info = self.manifest.shards[i]
-                    shard = _Shard(self.shard_path(i), info, self.schema, self.manifest.arrow_schema, f"dataset {self.root}")
+                    shard = _Shard(self.shard_path(i), info, self.schema, self.manifest.arrow_schema, f"dataset {self.root}", self._checks)
                     self._shards[i] = shard
         return shard
 
@@ -229,7 +237,7 @@ class Dataset:
             with self._lock:
                 shard = self._shards[i]
             if shard is None:
-                shard = _Shard(cache.path(i), self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}")
+                shard = _Shard(cache.path(i), self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}", self._checks)
                 with self._lock:
                     if self._shards[i] is None:
                         self._shards[i] = shard
@@ -397,10 +405,10 @@ class Dataset:
         digest = checksum_file(path, info.checksum.split(":", 1)[0])
         if digest != info.checksum:
             return f"shard {info.file} has checksum {digest}, the manifest says {info.checksum} (corrupt)"
-        return None
+        return validate.check_file(path, info, self.schema, self.manifest.arrow_schema, f"dataset {self.root}")  # rows, schema
 
     def verify(self) -> None:
-        """Check every shard's size and checksum; raise ShardError listing the bad ones."""
+        """Check every shard's size, checksum, schema and row count; raise ShardError listing the bad ones."""
         problems = [p for i in range(len(self.shards)) if (p := self.check_shard(i))]
         if problems:
             raise ShardError(
@@ -492,15 +500,15 @@ def _list_values(array: pa.FixedSizeListArray) -> np.ndarray:
     return _numpy(array.values)[array.offset * size : (array.offset + len(array)) * size]
 
 
-def _restore(root: str, manifest_text: str) -> Dataset:
-    return Dataset(root, parse_manifest(manifest_text, os.path.join(root, MANIFEST_NAME)), manifest_text)
+def _restore(root: str, manifest_text: str, verify: bool = True) -> Dataset:
+    return Dataset(root, parse_manifest(manifest_text, os.path.join(root, MANIFEST_NAME)), manifest_text, verify=verify)
 
 
-def _restore_remote(remote: Remote, manifest_text: str, cache_dir: str, limit: int | None) -> Dataset:
+def _restore_remote(remote: Remote, manifest_text: str, cache_dir: str, limit: int | None, verify: bool = True) -> Dataset:
     from chute.storage.cache import ShardCache
 
     manifest = parse_manifest(manifest_text, f"{remote.url}/{MANIFEST_NAME}")
-    return Dataset(remote.url, manifest, manifest_text, ShardCache(remote, manifest, cache_dir, limit))
+    return Dataset(remote.url, manifest, manifest_text, ShardCache(remote, manifest, cache_dir, limit), verify=verify)
 
 
 def open_dataset(
@@ -510,6 +518,7 @@ def open_dataset(
     cache_limit: int | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retries: int | None = None,
+    verify: bool = True,
 ) -> Dataset:
     """Open the chute dataset at ``path``: a local directory holding ``manifest.json``, or a URL.
 
@@ -525,22 +534,23 @@ def open_dataset(
     of backoff) before a :class:`chute.RemoteError` names the URL and the errors.
 
     Validates the manifest and, for a local dataset, that every shard exists with
-    the size it lists; checksums are checked by :meth:`Dataset.verify` (and on
-    every download).
+    the size it lists. Each shard is checked once per process when it is first
+    read: its checksum (``verify=True``, the default; ``verify=False`` skips it)
+    and, always, the structure the reader relies on (offsets, buffer bounds, row
+    count); see docs/format.md. :meth:`Dataset.verify` checks every shard at once.
     """
     from chute.storage.remote import is_remote
 
     if is_remote(os.fspath(path)):
         from chute.storage.open import open_remote
 
-        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries)
+        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify)
     root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if not os.path.isdir(root):
         raise ManifestError(f"{root} does not exist or is not a directory; a chute dataset is a directory with a {MANIFEST_NAME}")
     try:
-        with open(manifest_path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_manifest(manifest_path)
     except FileNotFoundError:
         raise ManifestError(
             f"{root} has no {MANIFEST_NAME}: it is not a chute dataset, or its writer did not "
@@ -550,7 +560,7 @@ def open_dataset(
     if any(info.compression for info in manifest.shards):  # compressed shards are read through the cache
         from chute.storage.open import open_remote
 
-        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries)
+        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries, verify=verify)
     real_root = os.path.realpath(root)
     for info in manifest.shards:
         path_i = os.path.join(root, *info.file.split("/"))
@@ -568,4 +578,5 @@ def open_dataset(
                 f"dataset {root}: shard {info.file} is {size} bytes but the manifest says {info.bytes}; "
                 "it is truncated or was replaced: write or download the dataset again"
             )
-    return Dataset(root, manifest, text)
+    validate.check_empty_shards(root, manifest, f"dataset {root}")
+    return Dataset(root, manifest, text, verify=verify)

@@ -20,6 +20,8 @@ def open_remote(
     cache_limit: int | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retries: int | None = None,
+    *,
+    verify: bool = True,
 ) -> Dataset:
     """Read the manifest at ``url`` and return the dataset, its shards read through the node cache."""
     retry = RetryPolicy() if retries is None else RetryPolicy(attempts=max(1, int(retries)))
@@ -32,9 +34,9 @@ def open_remote(
             f"{where} does not exist: {remote.url} is not a chute dataset, or its writer did not finish "
             "(the manifest is written last)"
         ) from None
-    except UnicodeDecodeError:
-        text = "\ufffd"  # parse_manifest reports it as invalid JSON
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{where} is not UTF-8 text (at byte {exc.start}); the manifest is damaged: write the dataset again") from None
     manifest = parse_manifest(text, where)
     limit = None if cache_limit is None else parse_size(cache_limit)
     cache = ShardCache(remote, manifest, None if cache_dir is None else os.fspath(cache_dir), limit)
-    return Dataset(remote.url, manifest, text, cache)
+    return Dataset(remote.url, manifest, text, cache, verify=verify)
