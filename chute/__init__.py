@@ -16,6 +16,7 @@ from chute.errors import (
     SchemaError,
     ShardError,
     StallError,
+    WriteError,
 )
 from chute.format import (
     Bytes,
@@ -40,7 +41,7 @@ from chute.observe.consumer import observe  # noqa: E402
 __all__ = [
     "__version__",
     "ChuteError", "ManifestError", "SchemaError", "ShardError", "PickleRefusedError", "StallError",
-    "RemoteError", "CacheFullError",
+    "RemoteError", "CacheFullError", "WriteError",
     "open", "write", "Writer", "Dataset", "Schema",
     "Tensor", "Ragged", "Scalar", "Bytes", "String", "Map", "Json",
     "to_device", "DeviceLoader", "Loader", "TorchIterable", "observe",

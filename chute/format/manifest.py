@@ -232,7 +232,7 @@ def _parse_shard(entry: Any, i: int, where: str) -> ShardInfo:
     compression = entry.get("compression")
     stored = entry.get("stored_bytes")
     if compression is not None:
-        if compression not in COMPRESSED_SUFFIX:
+        if not isinstance(compression, str) or compression not in COMPRESSED_SUFFIX:
             raise ManifestError(f"{where}: field {field}.compression {_show(compression)} is unknown (chute knows {sorted(COMPRESSED_SUFFIX)})")
         stored = _count(stored, where, f"{field}.stored_bytes", low=1)
     elif stored is not None:

@@ -14,7 +14,8 @@ shard is checked once per process, when it is first mapped:
    schema and row count are the manifest's, no column has nulls, and Arrow's
    full validation passes on every column: offsets start at 0, never decrease
    and stay inside their data buffers, every buffer is as long as its rows
-   need, strings are UTF-8, map keys are present. This is what a hostile file
+   need, strings are UTF-8, map keys are present, a ragged row's shape matches
+   its number of values. This is what a hostile file
    whose checksum was written to match would still be refused for.
 
 Every failure is a :class:`chute.ShardError` naming the shard and the dataset.
@@ -26,11 +27,12 @@ import os
 import threading
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from chute.errors import ShardError
 from chute.format.manifest import Manifest, ShardInfo
-from chute.format.schema import Schema
+from chute.format.schema import ColumnType, Ragged, Schema
 
 
 def _advice(info: ShardInfo) -> str:
@@ -51,16 +53,17 @@ def checksum_buffer(buffer: Any, algorithm: str) -> str:
     return f"{algorithm}:{hasher.hexdigest()}"
 
 
-def check_bytes(mapped: pa.MemoryMappedFile, info: ShardInfo, where: str) -> None:
+def check_bytes(mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: str) -> None:
     """The mapped shard has the manifest's size and checksum; ShardError otherwise."""
     size = mapped.size()
     if size != info.bytes:
-        raise ShardError(f"{where}: shard {info.file} is {size:,} bytes, the manifest says {info.bytes:,}; " + _advice(info))
+        raise ShardError(f"{where}: shard {info.file} ({path}) is {size:,} bytes, the manifest says {info.bytes:,}; " + _advice(info))
     digest = checksum_buffer(mapped.read_at(size, 0) if size else b"", info.checksum.split(":", 1)[0])
     if digest != info.checksum:
         raise ShardError(
-            f"{where}: shard {info.file} has checksum {digest}, the manifest says {info.checksum} "
-            "(its bytes changed on disk, or another shard's file is in its place); " + _advice(info)
+            f"{where}: shard {info.file} ({path}) has checksum {digest}, the manifest says {info.checksum} "
+            f"(its bytes changed on disk, or another shard's file is in its place); {_advice(info)} "
+            "(a remote dataset's shard: delete this copy in the node cache and it is downloaded again)"
         )
 
 
@@ -70,7 +73,7 @@ def check_batches(batches: list[pa.RecordBatch], info: ShardInfo, schema: Schema
     if rows != info.rows:
         raise ShardError(f"{where}: shard {info.file} holds {rows} rows, the manifest says {info.rows}; write the dataset again")
     for batch in batches:
-        for name, _ in schema:
+        for name, ctype in schema:
             column = batch.column(name)
             try:
                 column.validate(full=True)
@@ -78,6 +81,25 @@ def check_batches(batches: list[pa.RecordBatch], info: ShardInfo, schema: Schema
                 raise ShardError(f"{where}: shard {info.file}, column {name!r} is not valid Arrow data ({exc}); " + _advice(info)) from None
             if _has_nulls(column):
                 raise ShardError(f"{where}: shard {info.file}, column {name!r} has missing values, which chute never writes; " + _advice(info))
+            problem = _shape_problem(column, ctype)
+            if problem:
+                raise ShardError(f"{where}: shard {info.file}, column {name!r}: {problem}; " + _advice(info))
+
+
+def _shape_problem(column: pa.Array, ctype: ColumnType) -> str | None:
+    """A ragged column of several dimensions stores each row's shape beside its data: their sizes must agree."""
+    if not isinstance(ctype, Ragged) or ctype.ndim == 1 or not len(column):
+        return None
+    data, shape = column.field("data"), column.field("shape")
+    dims = np.frombuffer(shape.values.buffers()[1], dtype=np.int32, count=len(shape.values),
+                         offset=shape.values.offset * 4).reshape(-1, ctype.ndim)
+    dims = dims[shape.offset : shape.offset + len(shape)]
+    if (dims < 0).any():
+        return "a row has a negative size in its shape"
+    lengths = np.diff(np.frombuffer(data.offsets.buffers()[1], dtype=np.int64, count=len(data) + 1, offset=data.offset * 8))
+    if (dims.astype(np.int64).prod(axis=1) != lengths).any():
+        return "a row's shape does not match the number of values it holds"
+    return None
 
 
 def _has_nulls(array: pa.Array) -> bool:
@@ -142,7 +164,7 @@ class ShardChecks:
     def bytes(self, mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: str) -> None:
         """Check a newly mapped shard's size and checksum (unless verification is off, or done)."""
         if self.verify and self._key(path) not in self._done:
-            check_bytes(mapped, info, where)
+            check_bytes(mapped, path, info, where)
 
     def structure(self, batches: list[pa.RecordBatch], path: str, info: ShardInfo, schema: Schema, where: str) -> None:
         """Check a newly mapped shard's record batches (unless done); from here on it counts as checked."""

@@ -32,6 +32,10 @@ def _rewrite_manifest(path, change) -> None:
 
 
 def _leftovers(path) -> list[str]:
+    """What a write left in ``path`` besides a committed dataset's lock file (a failed write
+    removes the folder it made)."""
+    if not os.path.exists(path):
+        return []
     return sorted(n for n in os.listdir(path) if n != LOCK_NAME)
 
 
@@ -139,7 +143,7 @@ def test_truncated_shard_with_doctored_manifest_caught_at_first_read(tmp_path):
     os.truncate(tmp_path / "ds" / info.file, info.bytes // 2)
     _rewrite_manifest(tmp_path / "ds", lambda m: m["shards"][0].update(bytes=info.bytes // 2))
     reopened = chute.open(tmp_path / "ds")  # sizes agree: open is O(shards) and does not read data
-    with pytest.raises(chute.ShardError, match=f"{info.file} has checksum .* the manifest says"):
+    with pytest.raises(chute.ShardError, match=f"{info.file} .* has checksum .* the manifest says"):
         reopened.get_batch([0])  # verified when first read
     with pytest.raises(chute.ShardError, match="checksum"):
         reopened.verify()
