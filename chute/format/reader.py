@@ -87,7 +87,7 @@ class _Shard:
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         except FileNotFoundError:
             raise ShardError(f"{where}: shard file {path} is missing; the dataset is incomplete: write or download it again") from None
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
+        except (pa.ArrowException, OSError, ValueError) as exc:  # any Arrow error: a damaged footer can name any type
             raise ShardError(
                 f"{where}: shard {info.file} is not a readable Arrow IPC file ({exc}); it is truncated "
                 "or damaged: run `chute inspect --verify` on the dataset and write it again"

@@ -142,10 +142,11 @@ def _outcome(pristine: str, scratch: str, case: tuple[str, int, int], expected: 
     return "exact" if same(got, expected) else "wrong"
 
 
-def child(pristine: str, cases_json: str, verify: str) -> None:
+def child(pristine: str, cases_file: str, verify: str) -> None:
     """The reading process: one line per case, ``<index> <outcome>``, after a ``start <index>`` line."""
     expected = read_everything(pristine)
-    cases = json.loads(cases_json)
+    with open(cases_file, encoding="utf-8") as f:
+        cases = json.load(f)
     scratch = tempfile.mkdtemp(prefix="chute-corrupt-")
     try:
         for k, case in cases:
@@ -161,9 +162,12 @@ def fuzz(pristine: str, cases: list[tuple[str, int, int]], *, verify: bool = Tru
     outcomes: dict[int, str] = {}
     pending = list(enumerate(cases))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    cases_file = os.path.join(tempfile.mkdtemp(prefix="chute-cases-"), "cases.json")
     while pending:
+        with open(cases_file, "w", encoding="utf-8") as f:
+            json.dump(pending, f)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.format.corruption", pristine, json.dumps(pending), "verify" if verify else "structure"],
+            [sys.executable, "-m", "tests.format.corruption", pristine, cases_file, "verify" if verify else "structure"],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         current, deadline = None, time.monotonic() + start_timeout
@@ -194,6 +198,7 @@ def fuzz(pristine: str, cases: list[tuple[str, int, int]], *, verify: bool = Tru
             proc.stdout.close()
             proc.stderr.close()
         pending = [(k, case) for k, case in pending if k not in outcomes]
+    shutil.rmtree(os.path.dirname(cases_file), ignore_errors=True)
     kinds = collections.Counter(o if not o.startswith("error:") else ":".join(o.split(":")[:2]) for o in outcomes.values())
     return {"outcomes": outcomes, "counts": dict(kinds), "bad": {k: (cases[k], o) for k, o in outcomes.items() if o not in GOOD}}
 
