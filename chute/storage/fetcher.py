@@ -6,10 +6,12 @@
 The loader's pass knows, for every shard, the first and last step that reads it.
 The fetcher takes these uses in order of first step and holds each shard in the
 node cache (downloading it when it is missing), several at once, as far ahead
-as the byte budget allows (the cache limit, or ``ahead`` bytes when the cache
-is unbounded). A batch task waits until its shards are held; once the consumer
-has received the last step that uses a shard, the fetcher releases it and it
-becomes evictable. The cache evicts by next use, which the fetcher tells it.
+as the byte budget allows: with a cache limit, this process's lease in the
+cache, which it shares with the other processes using it (chute/storage/share.py);
+without one, ``ahead`` bytes. A batch task waits until its shards are held; once
+the consumer has received the last step that uses a shard, the fetcher releases
+it and it becomes evictable. The cache evicts by next use, which the fetcher
+tells it (and publishes, for the other processes).
 """
 
 from __future__ import annotations
