@@ -192,6 +192,24 @@ class ShardCache:
         if self.limit is not None and share:
             direct = sum(sizes[:DIRECT_HOLDS]) if sum(sizes[:DIRECT_HOLDS]) <= self.limit else largest
             self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=direct)
+        self._pid = os.getpid()
+        self._inherited = False  # a forked child dropped its parent's holds (see _after_fork)
+
+    def _after_fork(self) -> None:
+        """In a process forked from the one that used this cache (a DataLoader worker): forget the
+        parent's holds and membership, which stay the parent's (closing our copies of its lock
+        descriptors leaves its locks in place), and start afresh."""
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds, self._refs, self._claims, self._reserved, self._loading = {}, {}, {}, set(), set()
+        self._cond = threading.Condition()
+        self._pool = None
+        self._inherited = True
+        if self.sharing is not None:
+            self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=self.sharing.direct_minimum)
 
     def __repr__(self) -> str:
         return f"ShardCache({self.remote.url!r} in {self.dir!r}, limit={self.limit})"
@@ -244,6 +262,7 @@ class ShardCache:
         """Count shard ``i`` in this process's lease ahead of :meth:`acquire`, if the lease has room
         now (no waiting); whether it did. Each claim is used by one ``acquire`` or dropped by
         :meth:`unclaim`."""
+        self._after_fork()
         with self._cond:
             if self.sharing is not None and i not in self._reserved:
                 if not self.sharing.try_reserve(self.manifest.shards[i].bytes):
@@ -263,6 +282,7 @@ class ShardCache:
 
     def acquire(self, i: int) -> str:
         """Hold shard ``i`` in the cache, downloading it if needed; its local path."""
+        self._after_fork()
         with self._cond:
             while True:
                 if self._refs.get(i, 0) > 0:
@@ -318,12 +338,15 @@ class ShardCache:
 
     def release(self, i: int) -> None:
         """Drop one hold on shard ``i``; with the last one it becomes evictable."""
+        self._after_fork()
         with self._cond:
             count = self._refs.get(i, 0) - 1
             if count > 0:
                 self._refs[i] = count
                 return
             if count < 0:
+                if self._inherited:
+                    return  # a hold the parent process took before this one was forked
                 raise AssertionError(f"shard {i} released more often than acquired")
             del self._refs[i]
             fd = self._fds.pop(i)
@@ -337,6 +360,7 @@ class ShardCache:
 
     def close(self) -> None:
         """Drop every hold (shards stay cached for the next run) and leave the cache's members."""
+        self._after_fork()
         with self._cond:
             fds = list(self._fds.values())
             self._fds.clear()

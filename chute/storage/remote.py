@@ -208,6 +208,7 @@ class Remote:
         self.part_size = int(part_size)
         self.parallel = max(1, int(parallel))
         self._fs = None
+        self._fs_pid = 0
         self._path = ""
         self._lock = threading.Lock()
         self._rng = random.Random()
@@ -237,11 +238,13 @@ class Remote:
 
     @property
     def fs(self):
-        """The fsspec file system (made on first use: importing a backend can be slow)."""
-        if self._fs is None:
+        """The fsspec file system (made on first use: importing a backend can be slow; made again
+        in a forked child, as fsspec's async clients are not fork-safe)."""
+        if self._fs is None or self._fs_pid != os.getpid():
             with self._lock:
-                if self._fs is None:
+                if self._fs is None or self._fs_pid != os.getpid():
                     self._fs, self._path = self._make_fs()
+                    self._fs_pid = os.getpid()
         return self._fs
 
     def _make_fs(self):

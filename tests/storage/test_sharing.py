@@ -190,3 +190,38 @@ def test_fair_leases(limit, claims, want):
     assert got == want
     if claims and sum(m for m, _ in claims) <= limit:
         assert sum(got) <= limit
+
+
+def test_a_forked_worker_does_not_take_over_its_parents_membership(http_server, dataset, tmp_path):
+    """A DataLoader worker forked after the parent read through a limited cache starts its own
+    membership; the parent's stays intact (its lease, its held shards)."""
+    import multiprocessing
+    import shutil
+
+    shutil.copytree(dataset, http_server.root / "ds")
+    url = http_server.url + "ds"
+    total = chute.open(dataset).nbytes
+    ds = chute.open(url, cache_dir=tmp_path / "cache", cache_limit=total // 2)
+    parent_first = ds[0]  # the parent holds shard 0 and is a member
+    members = os.path.join(ds.cache.cache_dir, ".chute-members")
+    before = sorted(os.listdir(members))
+    assert len(before) == 2  # its state and its doorbell
+
+    def child(queue) -> None:
+        row = ds[len(ds) - 1]  # another shard, through the inherited dataset
+        ds.close()
+        queue.put((int(row["y"]), sorted(os.listdir(members))))
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    worker = context.Process(target=child, args=(queue,))
+    worker.start()
+    last, seen = queue.get(timeout=120)
+    worker.join(60)
+    assert worker.exitcode == 0
+    assert last == len(ds) - 1
+    assert set(before) <= set(seen)  # the child did not remove the parent's membership...
+    assert sorted(os.listdir(members)) == before  # ...and left its own when done
+    assert ds.cache.held(0) and int(ds[0]["y"]) == int(parent_first["y"])
+    ds.close()
+    assert os.listdir(members) == []
