@@ -230,6 +230,10 @@ class Sharing:
                     raise Cancelled(f"waiting for room in the cache {self.cache_dir}: cancelled (closed)")
                 ring: list[str] = []
                 with cache_lock(self.cache_dir), self._cond:
+                    others = self._others()
+                    if not at_least and self._parent_is_member(others):
+                        self.reserved += size  # a loader's worker process: its reads are its parent's
+                        return
                     if self._id is None:
                         self._join()
                     need = max(self.reserved + size, at_least)
@@ -238,7 +242,6 @@ class Sharing:
                             f"cache_limit {self.limit:,} bytes of {self.cache_dir} cannot hold the {need:,} bytes "
                             f"this process must hold at once; raise cache_limit to at least {need:,} bytes"
                         )
-                    others = self._others()
                     if self._grow(others, need, waited=True):
                         self.reserved += size
                         if self.state.waiting:
@@ -265,11 +268,14 @@ class Sharing:
                         self._publish()
 
     def await_room(self) -> None:
-        """Wait once for room (rings or the dead-peer check): only holds outside any lease
-        (the progressive mode's) can leave a member without the room its lease promises."""
+        """Wait once for room (rings or the dead-peer check): only holds outside any lease (a
+        loader's worker processes, the progressive mode) can leave a process without the room
+        a lease promises. While it waits, the others give back read-ahead."""
         with cache_lock(self.cache_dir), self._cond:
-            others = self._others() if self._id is not None else {}
-            if self._id is not None and not self.state.waiting:
+            if self._id is None:
+                self._join()  # a doorbell, to be woken (a guest's lease stays 0)
+            others = self._others()
+            if not self.state.waiting:
                 self.state.waiting = time.time_ns()
                 self._publish()
         for other in others:
@@ -414,6 +420,15 @@ class Sharing:
             return self.direct_minimum, self.direct_minimum
         claims = list(self._attached.values())
         return sum(c[0] for c in claims), sum(c[1] for c in claims)
+
+    @staticmethod
+    def _parent_is_member(others: dict[str, MemberState]) -> bool:
+        """Whether this process's parent shares the cache: then this is one of a loader's worker
+        processes (``workers="processes"``), which read the shards the parent's downloader holds
+        for them, and it takes no lease of its own (the parent's lease covers its reads; a lease
+        per worker could leave the workers waiting for a turn their parent holds)."""
+        prefix = f"{os.getppid()}-"
+        return any(name.startswith(prefix) for name in others)
 
     def _free(self, others: dict[str, MemberState]) -> int:
         return self.limit - self.state.lease - sum(s.lease for s in others.values())

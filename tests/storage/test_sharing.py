@@ -225,3 +225,21 @@ def test_a_forked_worker_does_not_take_over_its_parents_membership(http_server, 
     assert ds.cache.held(0) and int(ds[0]["y"]) == int(parent_first["y"])
     ds.close()
     assert os.listdir(members) == []
+
+
+def test_worker_processes_read_under_their_loaders_lease(http_server, dataset, tmp_path):
+    """``workers="processes"`` at the stated minimum: the worker processes read the shards their
+    loader's downloader holds, under its lease; a lease of their own would leave them waiting for
+    a turn their own loader holds."""
+    import shutil
+
+    from tests.storage._helpers import epoch_columns
+
+    shutil.copytree(dataset, http_server.root / "ds")
+    url = http_server.url + "ds"
+    limit = _stated_minimum(url, str(tmp_path / "probe"))
+    ds = chute.open(url, cache_dir=tmp_path / "cache", cache_limit=limit)
+    ld = loader(ds, seed=12, workers="processes", num_threads=3, stall_timeout=120)
+    assert_same_epoch(epoch_columns(ld), local_epochs(dataset, 1, seed=12)[0])
+    assert ds.cache.stats()["high_water"] <= limit
+    assert part_files(str(tmp_path / "cache")) == []
