@@ -20,6 +20,7 @@ import bisect
 import collections
 import contextlib
 import copy
+import hashlib
 import heapq
 import math
 import threading
@@ -151,8 +152,9 @@ class Fetcher:
             self._spans.setdefault(shard, []).append((first, last))
         cache.next_use = self.next_use
         if cache.sharing is not None:
+            job = hashlib.blake2b(repr((cache.dir, uses)).encode(), digest_size=8).hexdigest()  # the same for every rank
             cache.sharing.attach(self, self.need, self.budget, on_demand=self.give_back, on_change=self._wake,
-                                 soon=self._soon)
+                                 soon=self._soon, job=job)
         self._threads = [threading.Thread(target=self._run, name=f"{name}-{k}", daemon=True) for k in range(max(1, threads))]
         for thread in self._threads:
             thread.start()

@@ -113,6 +113,7 @@ class MemberState:
     lease: int = 0
     waiting: int = 0  # while waiting for a turn or more room: when it started (ns), for first come first served
     soon: list[str] = dataclasses.field(default_factory=list)  # "<dataset dir>/<file>" it reads next, soonest first
+    job: str = ""  # the pass it reads: equal for the ranks of one job (same dataset, order, epoch)
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode("utf-8")
@@ -122,7 +123,7 @@ class MemberState:
         try:
             raw = json.loads(data)
             return cls(int(raw["minimum"]), int(raw["want"]), int(raw["lease"]), int(raw["waiting"]),
-                       [str(s) for s in raw.get("soon", [])])
+                       [str(s) for s in raw.get("soon", [])], str(raw.get("job", "")))
         except (ValueError, KeyError, TypeError):
             return None  # a foreign or half-written file: ignored
 
@@ -164,6 +165,7 @@ class Sharing:
         # fetchers attached: id -> (minimum, want, on_demand, on_change, soon); see attach()
         self._attached: dict[int, tuple[int, int, Callable[[], None], Callable[[], None], Callable[[], list[str]]]] = {}
         self._waiters = 0  # threads of this process waiting in reserve()
+        self._job = ""
         self._id: str | None = None
         self._fd: int | None = None
         self._listener: _Listener | None = None
@@ -177,17 +179,21 @@ class Sharing:
         return self.state.lease
 
     def attach(self, owner: object, minimum: int, want: int, *, on_demand: Callable[[], None],
-               on_change: Callable[[], None], soon: Callable[[], list[str]]) -> None:
+               on_change: Callable[[], None], soon: Callable[[], list[str]], job: str = "") -> None:
         """A loader's fetcher starts: its pass must hold ``minimum`` bytes at once and would read
         ahead ``want``. ``on_demand`` gives back read-ahead, ``on_change`` says the lease may have
-        grown, ``soon`` lists the shards it reads next (called under the cache lock: no locking)."""
+        grown, ``soon`` lists the shards it reads next (called under the cache lock: no locking);
+        ``job`` names the pass (the ranks of one job read the same one)."""
         with self._cond:
             self._attached[id(owner)] = (minimum, max(minimum, want), on_demand, on_change, soon)
+            self.state.job = self._job = job
 
     def detach(self, owner: object) -> None:
         """The fetcher is done; the membership ends once nothing is reserved."""
         with self._cond:
             self._attached.pop(id(owner), None)
+            if not self._attached:
+                self._job = ""
         self.settle()
 
     def soon(self) -> list[str]:
@@ -248,6 +254,7 @@ class Sharing:
                             self.state.waiting = 0
                             self._publish()
                         return
+                    self._check_job(others, at_least)
                     if not self.state.waiting:  # from now on others keep room for this process
                         self.state.waiting = time.time_ns()
                         self._publish()
@@ -405,9 +412,22 @@ class Sharing:
                 os.close(fd)
         return out
 
+    def _check_job(self, others: dict[str, MemberState], minimum: int) -> None:
+        """Refuse to wait for a turn that cannot come: other ranks of the same job hold leases
+        that leave no room for this one's, and they will not finish their pass without it."""
+        peers = [s for s in others.values() if self._job and s.job == self._job and not s.waiting]
+        if minimum and peers and sum(s.minimum for s in peers) + minimum > self.limit:
+            need = sum(s.minimum for s in peers) + minimum
+            raise CacheFullError(
+                f"cache_limit {self.limit:,} bytes of {self.cache_dir} is too small for the {len(peers) + 1} processes "
+                f"on this node that read the same pass (the ranks of one job): each holds its own {minimum:,} bytes "
+                f"at once; raise cache_limit to at least {need:,} bytes"
+            )
+
     def _publish(self) -> None:
         if self._id is None:
             return
+        self.state.job = self._job
         self.state.minimum, self.state.want = self._claim()
         self.state.soon = self.soon()[:SOON]
         data = self.state.to_json()

@@ -243,3 +243,36 @@ def test_worker_processes_read_under_their_loaders_lease(http_server, dataset, t
     assert_same_epoch(epoch_columns(ld), local_epochs(dataset, 1, seed=12)[0])
     assert ds.cache.stats()["high_water"] <= limit
     assert part_files(str(tmp_path / "cache")) == []
+
+
+def test_turns_first_come_first_served_and_ranks_of_one_job_fail_instead_of_waiting(tmp_path):
+    """Three members of one cache directory (as three processes would be), limit 100 bytes."""
+    from chute.storage.share import Sharing
+
+    cache_dir = str(tmp_path / "cache")
+    asked = {job: threading.Event() for job in "AB"}  # set when that member is asked to give back read-ahead
+
+    def member(job: str) -> Sharing:
+        sharing = Sharing(cache_dir, 100)
+        sharing.attach(sharing, 60, 90, on_demand=asked[job].set, on_change=lambda: None, soon=lambda: [], job=job)
+        return sharing
+
+    first = member("A")
+    first.reserve(0, at_least=60)
+    assert first.lease == 90  # alone: all it wants
+    rank = member("A")  # the same pass on another rank: it cannot wait for a turn the first holds
+    with pytest.raises(chute.CacheFullError, match="the ranks of one job.*at least 120 bytes"):
+        rank.reserve(0, at_least=60)
+    rank.close()
+    other = member("B")  # another job: it waits its turn, and the first gives back its read-ahead
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (other.reserve(0, at_least=60), done.set()), name="test-turn", daemon=True)
+    waiter.start()
+    assert asked["A"].wait(30)  # the waiter rang: the first was asked for its read-ahead...
+    assert not done.is_set()  # it keeps its minimum: 60 + 60 > 100, no room yet
+    first.detach(first)  # its pass ends: it leaves, and rings the waiter
+    assert done.wait(30), "the waiter was not woken when the lease came free"
+    assert other.lease >= 60
+    other.detach(other)
+    assert os.listdir(os.path.join(cache_dir, ".chute-members")) == []
+    assert chute_threads() == []
