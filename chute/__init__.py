@@ -26,6 +26,7 @@ _EXPORTS = {
     "StallError": "chute.errors",
     "RemoteError": "chute.errors",
     "CacheFullError": "chute.errors",
+    "WriteError": "chute.errors",
     "open": "chute.storage.open:open_dataset",
     "write": "chute.format.writer",
     "Writer": "chute.format.writer",

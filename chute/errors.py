@@ -47,3 +47,8 @@ class RemoteError(ChuteError):
 
 class CacheFullError(ChuteError):
     """The cache limit is too small for the shards that must be in the cache at once."""
+
+
+class WriteError(ChuteError):
+    """Writing a dataset failed on the file system (the disk is full, a file grew past a limit):
+    nothing half-written is left, the message names the path and what to do."""

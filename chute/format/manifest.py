@@ -4,6 +4,12 @@ A dataset is valid exactly when ``manifest.json`` exists, parses, has a known
 format version, and every shard it lists is inside the dataset root. The writer
 writes the manifest last, under a temporary name renamed into place, so a
 directory whose writer died has no manifest and is rejected.
+
+Every field is checked for its type and range before it is used (a hostile or
+damaged manifest gives a :class:`ManifestError` naming the field, never another
+exception): row counts and byte sizes are integers from 0 to ``MAX_COUNT`` and
+so are their sums (so int64 offsets cannot wrap), tensor shapes fit Arrow's
+32-bit list sizes, the top-level ``rows`` equals the shards' sum.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import os
 import posixpath
 from collections.abc import Mapping
@@ -18,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from chute.errors import ManifestError
+from chute.errors import ChuteError, ManifestError
 from chute.format.schema import Schema
 
 MANIFEST_NAME = "manifest.json"
@@ -26,6 +33,14 @@ FORMAT_NAME = "chute"
 FORMAT_VERSION = 1
 CHECKSUM_ALGORITHMS = ("xxh3_128", "blake2b")
 COMPRESSED_SUFFIX = {"zstd": ".zst"}
+_DIGEST_HEX = {"xxh3_128": 32, "blake2b": 32}
+
+#: The most rows or bytes a shard, or a whole dataset, may list: exact in every JSON
+#: reader (2**53), and far from int64 overflow however the offsets are summed.
+MAX_COUNT = 2**53
+#: Arrow's fixed-size lists have 32-bit sizes: a tensor row holds fewer elements.
+MAX_ROW_ELEMENTS = 2**31 - 1
+MAX_NDIM = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,16 +120,34 @@ def checksum_file(path: str | os.PathLike, algorithm: str = "xxh3_128", chunk: i
 
 
 def local_path(path: str | os.PathLike, action: str) -> str:
-    """``path`` as a local file-system path (``file://`` stripped); another URL is refused.
+    """``path`` as a local file-system path (``file://`` stripped, ``~`` expanded); another URL is refused.
 
     ``action`` completes the message, e.g. ``"write to"`` or ``"open"``.
     """
     text = os.fspath(path)
     if text.startswith("file://"):
-        return text[len("file://") :]
-    if "://" in text:
+        text = text[len("file://") :]
+    elif "://" in text:
         raise ManifestError(f"cannot {action} {text} as a local path: it is a URL")
-    return text
+    return os.path.expanduser(text)
+
+
+def read_manifest(path: str) -> str:
+    """The text of the manifest file ``path`` (UTF-8); ManifestError if it cannot be read as such."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{path} is not UTF-8 text (byte {exc.start} is {data[exc.start:exc.start + 1]!r}); the manifest is "
+            "damaged: write the dataset again"
+        ) from None
 
 
 def check_shard_path(file: str, where: str) -> str:
@@ -137,55 +170,135 @@ def check_shard_path(file: str, where: str) -> str:
     return normal
 
 
+def _show(value: Any) -> str:
+    """A short repr of a manifest value for an error message."""
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else f"{value:.3e}"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _count(value: Any, where: str, field: str, low: int = 0) -> int:
+    """An integer field in ``[low, MAX_COUNT]`` (not a float, not a bool)."""
+    if type(value) is not int or not low <= value <= MAX_COUNT:
+        raise ManifestError(
+            f"{where}: field {field} must be an integer from {low} to 2**53, got {_show(value)}; "
+            "the manifest is damaged: write the dataset again"
+        )
+    return value
+
+
+def _check_columns(columns: Any, where: str) -> None:
+    """The column list's structure, before the schema classes see it (shapes that would overflow)."""
+    if not isinstance(columns, list) or not columns:
+        raise ManifestError(f"{where}: field columns must be a non-empty list of column objects, got {_show(columns)}")
+    for k, entry in enumerate(columns):
+        field = f"columns[{k}]"
+        if not isinstance(entry, Mapping):
+            raise ManifestError(f"{where}: field {field} must be an object, got {_show(entry)}")
+        if not isinstance(entry.get("name"), str) or not isinstance(entry.get("kind"), str):
+            raise ManifestError(f"{where}: field {field} needs a string name and kind, got {_show(dict(entry))}")
+        if "shape" in entry:
+            shape = entry["shape"]
+            if (not isinstance(shape, list) or not 1 <= len(shape) <= MAX_NDIM
+                    or any(type(d) is not int or not 0 <= d <= MAX_ROW_ELEMENTS for d in shape)
+                    or math.prod(shape) > MAX_ROW_ELEMENTS):
+                raise ManifestError(
+                    f"{where}: field {field}.shape must list 1 to {MAX_NDIM} sizes whose product is at most "
+                    f"2**31-1 elements, got {_show(shape)}"
+                )
+        if "ndim" in entry and (type(entry["ndim"]) is not int or not 1 <= entry["ndim"] <= MAX_NDIM):
+            raise ManifestError(f"{where}: field {field}.ndim must be an integer from 1 to {MAX_NDIM}, got {_show(entry['ndim'])}")
+        for key in ("dtype", "value"):
+            if key in entry and not isinstance(entry[key], str):
+                raise ManifestError(f"{where}: field {field}.{key} must be a string, got {_show(entry[key])}")
+
+
+def _parse_shard(entry: Any, i: int, where: str) -> ShardInfo:
+    field = f"shards[{i}]"
+    if not isinstance(entry, Mapping):
+        raise ManifestError(f"{where}: field {field} must be an object, got {_show(entry)}")
+    for key in ("file", "rows", "bytes", "checksum"):
+        if key not in entry:
+            raise ManifestError(f"{where}: field {field} lacks {key!r}; the manifest is damaged: write the dataset again")
+    file = check_shard_path(entry["file"], f"{where}, shard {i} (field {field}.file)")
+    rows = _count(entry["rows"], where, f"{field}.rows")
+    size = _count(entry["bytes"], where, f"{field}.bytes", low=1)
+    checksum = entry["checksum"]
+    algorithm, _, digest = checksum.partition(":") if isinstance(checksum, str) else ("", "", "")
+    if algorithm not in CHECKSUM_ALGORITHMS or len(digest) != _DIGEST_HEX[algorithm] or digest.strip("0123456789abcdef"):
+        raise ManifestError(
+            f"{where}: field {field}.checksum must be '<algorithm>:<hex digest>' with algorithm one of "
+            f"{CHECKSUM_ALGORITHMS}, got {_show(checksum)}"
+        )
+    compression = entry.get("compression")
+    stored = entry.get("stored_bytes")
+    if compression is not None:
+        if not isinstance(compression, str) or compression not in COMPRESSED_SUFFIX:
+            raise ManifestError(f"{where}: field {field}.compression {_show(compression)} is unknown (chute knows {sorted(COMPRESSED_SUFFIX)})")
+        stored = _count(stored, where, f"{field}.stored_bytes", low=1)
+    elif stored is not None:
+        stored = _count(stored, where, f"{field}.stored_bytes", low=1)
+    return ShardInfo(file=file, rows=rows, bytes=size, checksum=checksum, compression=compression, stored_bytes=stored)
+
+
 def parse_manifest(text: str, where: str) -> Manifest:
-    """Parse and validate manifest text; ``where`` names the file in error messages."""
+    """Parse and validate manifest text; ``where`` names the file in error messages.
+
+    Only :class:`ManifestError` comes out of here, whatever the text holds.
+    """
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{where} is not valid JSON ({exc}); the dataset is damaged: write it again") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; deep nesting recurses
+        raise ManifestError(f"{where} is not valid JSON ({_show(str(exc))}); the dataset is damaged: write it again") from None
     if not isinstance(data, Mapping):
         raise ManifestError(f"{where} does not hold a JSON object; it is not a chute manifest")
-    if data.get("format") != FORMAT_NAME:
-        raise ManifestError(f"{where} is not a chute manifest (format is {data.get('format')!r}, expected 'chute')")
+    if data.get("format") != FORMAT_NAME or not isinstance(data.get("format"), str):
+        raise ManifestError(f"{where} is not a chute manifest (format is {_show(data.get('format'))}, expected 'chute')")
     version = data.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:
         raise ManifestError(
-            f"{where} has format version {version!r}; this chute reads version {FORMAT_VERSION}. "
+            f"{where} has format version {_show(version)}; this chute reads version {FORMAT_VERSION}. "
             "Upgrade chute if the dataset is newer, or convert it again with this version"
         )
+    for key in ("columns", "arrow_schema", "shards"):
+        if key not in data:
+            raise ManifestError(f"{where} lacks the field {key!r}; the manifest is damaged: write the dataset again")
+    _check_columns(data["columns"], where)
     try:
         schema = Schema.from_json(data["columns"])
-        arrow_schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["arrow_schema"])))
-        raw_shards = data["shards"]
-        metadata = dict(data.get("metadata") or {})
-    except KeyError as exc:
-        raise ManifestError(f"{where} lacks the field {exc.args[0]!r}; the manifest is damaged: write the dataset again") from None
-    except (ValueError, TypeError, pa.ArrowException) as exc:
-        raise ManifestError(f"{where} has an invalid schema ({exc}); write the dataset again") from None
-    if not arrow_schema.equals(schema.to_arrow(), check_metadata=False):
+        expected = schema.to_arrow()
+    except (ChuteError, ValueError, TypeError, KeyError, OverflowError, pa.ArrowException) as exc:
+        raise ManifestError(f"{where}: field columns is not a valid schema ({_show(str(exc))}); write the dataset again") from None
+    encoded = data["arrow_schema"]
+    if not isinstance(encoded, str):
+        raise ManifestError(f"{where}: field arrow_schema must be a base64 string, got {_show(encoded)}")
+    try:
+        arrow_schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(encoded, validate=True)))
+    except (ValueError, TypeError, pa.ArrowException) as exc:  # binascii.Error is a ValueError
+        raise ManifestError(f"{where}: field arrow_schema is not a serialised Arrow schema ({_show(str(exc))}); write the dataset again") from None
+    if not arrow_schema.equals(expected, check_metadata=False):
         raise ManifestError(f"{where}: its Arrow schema does not match its column list; the manifest is damaged")
+    raw_shards = data["shards"]
+    if not isinstance(raw_shards, list):
+        raise ManifestError(f"{where}: field shards must be a list of shard objects, got {_show(raw_shards)}")
+    metadata = data.get("metadata")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ManifestError(f"{where}: field metadata must be an object, got {_show(metadata)}")
     shards = []
     seen = set()
+    total = 0
     for i, entry in enumerate(raw_shards):
-        try:
-            shard = ShardInfo(
-                file=check_shard_path(entry["file"], f"{where}, shard {i}"),
-                rows=int(entry["rows"]),
-                bytes=int(entry["bytes"]),
-                checksum=str(entry["checksum"]),
-                compression=entry.get("compression"),
-                stored_bytes=None if entry.get("stored_bytes") is None else int(entry["stored_bytes"]),
-            )
-            if shard.compression is not None and shard.compression not in COMPRESSED_SUFFIX:
-                raise ValueError(f"unknown compression {shard.compression!r} (chute knows {sorted(COMPRESSED_SUFFIX)})")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"{where}, shard {i}: invalid entry {entry!r} ({exc})") from None
-        if shard.rows < 0 or shard.bytes <= 0:
-            raise ManifestError(f"{where}, shard {i} ({shard.file}): invalid row count or byte size")
-        if shard.checksum.split(":", 1)[0] not in CHECKSUM_ALGORITHMS:
-            raise ManifestError(f"{where}, shard {i} ({shard.file}): unknown checksum {shard.checksum!r}")
+        shard = _parse_shard(entry, i, where)
         if shard.file in seen:
             raise ManifestError(f"{where}: shard {shard.file} is listed twice")
         seen.add(shard.file)
+        total += shard.rows
+        if total > MAX_COUNT:
+            raise ManifestError(f"{where}: field shards[{i}].rows brings the dataset past 2**53 rows; the manifest is damaged")
         shards.append(shard)
-    return Manifest(schema, tuple(shards), metadata, arrow_schema, str(data.get("created_by", "")))
+    if "rows" in data and data["rows"] != total:
+        raise ManifestError(
+            f"{where}: field rows says {_show(data['rows'])} but the shards list {total:,} rows; the manifest "
+            "is damaged or was edited: write the dataset again"
+        )
+    created_by = data.get("created_by", "")
+    return Manifest(schema, tuple(shards), dict(metadata or {}), arrow_schema, created_by if isinstance(created_by, str) else "")

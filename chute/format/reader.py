@@ -40,6 +40,7 @@ from chute.format.columns import (
     reader_for,
     torch_dtype,
 )
+from chute.format import validate
 from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, parse_manifest
 from chute.format.schema import FIXED_SIZE, Scalar, Schema, Tensor
 
@@ -70,17 +71,22 @@ class ShardSource(Protocol):
 class _Shard:
     """One memory-mapped shard: each column as the buffers the native kernels read."""
 
-    def __init__(self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str, readers: dict) -> None:
+    def __init__(
+        self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str, readers: dict,
+        checks: validate.ShardChecks | None = None,
+    ) -> None:
         try:
             # pa.memory_map, not Python's mmap + py_buffer: with the latter, Arrow touched
             # every page of a column when it was first sliced (0.4 s per 128 MiB shard).
             self.mmap = pa.memory_map(path, "r")
+            if checks is not None:  # its size and checksum, before any of its bytes are parsed
+                checks.bytes(self.mmap, path, info, where)
             reader = pa.ipc.open_file(self.mmap)
             file_schema = reader.schema
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         except FileNotFoundError:
             raise ShardError(f"{where}: shard file {path} is missing; the dataset is incomplete: write or download it again") from None
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
+        except (pa.ArrowException, OSError, ValueError) as exc:  # any Arrow error: a damaged footer can name any type
             raise ShardError(
                 f"{where}: shard {info.file} is not a readable Arrow IPC file ({exc}); it is truncated "
                 "or damaged: run `chute inspect --verify` on the dataset and write it again"
@@ -90,6 +96,8 @@ class _Shard:
                 f"{where}: shard {info.file} has schema {file_schema} but the manifest says "
                 f"{arrow_schema}; the shard does not belong to this dataset: write it again"
             )
+        if checks is not None:  # offsets, buffer bounds, rows and nulls, before anything is decoded
+            checks.structure(batches, path, info, schema, where)
         rows = sum(b.num_rows for b in batches)
         if rows != info.rows:
             raise ShardError(f"{where}: shard {info.file} holds {rows} rows, the manifest says {info.rows}; write the dataset again")
@@ -273,8 +281,11 @@ class Dataset:
     the process that unpickles it).
     """
 
-    def __init__(self, root: str, manifest: Manifest, manifest_text: str, cache: ShardSource | None = None) -> None:
+    def __init__(
+        self, root: str, manifest: Manifest, manifest_text: str, cache: ShardSource | None = None, *, verify: bool = True,
+    ) -> None:
         self.root = root
+        self._checks = validate.ShardChecks(verify)  # each shard's bytes and structure, once per process
         self.manifest = manifest
         self._manifest_text = manifest_text
         self.cache = cache  # the shard source of a remote dataset (the node cache); None: files under root
@@ -327,7 +338,7 @@ class Dataset:
         return f"chute.Dataset({self.root!r}, rows={len(self)}, shards={len(self.shards)}, columns={self.schema.names})"
 
     def __reduce__(self):
-        return (_restore, (self.root, self._manifest_text, self.cache))
+        return (_restore, (self.root, self._manifest_text, self.cache, self._checks.verify))
 
     def shard_path(self, i: int) -> str:
         """The local file of shard ``i`` (for a remote dataset: its place in the cache)."""
@@ -363,7 +374,10 @@ class Dataset:
 
     def _open(self, i: int, path: str) -> _Shard:
         """Map shard ``i`` from ``path`` and publish its buffers (called with ``_lock`` held)."""
-        shard = _Shard(path, self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}", self._batches.readers)
+        shard = _Shard(
+            path, self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}", self._batches.readers,
+            self._checks,
+        )
         self._batches.publish(i, shard.sources)
         self._shards[i] = shard
         return shard
@@ -477,10 +491,10 @@ class Dataset:
         digest = checksum_file(path, info.checksum.split(":", 1)[0])
         if digest != info.checksum:
             return f"shard {info.file} has checksum {digest}, the manifest says {info.checksum} (corrupt)"
-        return None
+        return validate.check_file(path, info, self.schema, self.manifest.arrow_schema, f"dataset {self.root}")  # rows, schema
 
     def verify(self) -> None:
-        """Check every shard's size and checksum; raise ShardError listing the bad ones."""
+        """Check every shard's size, checksum, schema and row count; raise ShardError listing the bad ones."""
         problems = [p for i in range(len(self.shards)) if (p := self.check_shard(i))]
         if problems:
             raise ShardError(
@@ -505,6 +519,6 @@ class Dataset:
         self.close()
 
 
-def _restore(root: str, manifest_text: str, cache: ShardSource | None) -> Dataset:
+def _restore(root: str, manifest_text: str, cache: ShardSource | None, verify: bool = True) -> Dataset:
     where = f"{root}/{MANIFEST_NAME}" if cache is not None else os.path.join(root, MANIFEST_NAME)
-    return Dataset(root, parse_manifest(manifest_text, where), manifest_text, cache)
+    return Dataset(root, parse_manifest(manifest_text, where), manifest_text, cache, verify=verify)

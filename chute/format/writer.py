@@ -12,12 +12,16 @@ Nothing the writer leaves behind is a valid dataset until it has finished:
 
 A writer that raises, is interrupted or is killed before step 3 leaves no
 ``manifest.json`` (or the previous one, still pointing at the previous, intact
-shards), so ``chute.open`` never accepts a half-written dataset.
+shards), so ``chute.open`` never accepts a half-written dataset. A writer that
+raises also removes its lock file, and the directory if it made it and left it
+empty. A full disk (or a file size limit) is a :class:`chute.WriteError` naming
+the path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -31,7 +35,7 @@ import pyarrow as pa
 
 import chute
 from chute._sizes import parse_size
-from chute.errors import ChuteError, SchemaError
+from chute.errors import ChuteError, SchemaError, WriteError
 from chute.format.builders import make_builder
 from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest
 from chute.format.schema import ColumnType, Schema, check_keys, infer_schema
@@ -45,6 +49,27 @@ LOCK_NAME = ".chute-write.lock"
 TMP_SUFFIX = ".chute-tmp"
 # shard-NNNNN.<token>.arrow; shards written by several processes (chute.ray) add the writer: shard-WWWWW-NNNNN
 _SHARD_RE = re.compile(r"shard-\d{5,}(-\d{5,})?\.[0-9a-f]+\.arrow(\.zst)?")
+_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_FULL_TEXT = ("No space left on device", "File too large", "Disk quota exceeded")
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file system took no more bytes (Arrow's I/O errors carry only the text)."""
+    return isinstance(exc, OSError) and (exc.errno in _FULL or any(text in str(exc) for text in _FULL_TEXT))
+
+
+@contextlib.contextmanager
+def disk(what: str, where: str):
+    """Turn a full disk (or a file size limit) while writing ``what`` into a WriteError naming ``where``."""
+    try:
+        yield
+    except OSError as exc:
+        if not _disk_full(exc):
+            raise
+        raise WriteError(
+            f"cannot write {what}: the file system is full or refuses bigger files ({exc}); nothing was "
+            f"kept at {where}. Free some space (or raise the limit) and write again, or write elsewhere"
+        ) from None
 
 
 def _fsync_path(path: str) -> None:
@@ -104,10 +129,11 @@ class ShardWriter:
         tmp = os.path.join(self.root, f".{name}{TMP_SUFFIX}")
         self.tmp_files.add(tmp)
         # One record batch per shard: each fixed-size column is one contiguous buffer.
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, self.arrow_schema) as ipc:
-            ipc.write_batch(batch)
-        if self.durable:
-            _fsync_path(tmp)
+        with disk(f"shard {name} in {self.root}", self.root):
+            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, self.arrow_schema) as ipc:
+                ipc.write_batch(batch)
+            if self.durable:
+                _fsync_path(tmp)
         size = os.path.getsize(tmp)
         digest = checksum_file(tmp, self.checksum)
         os.replace(tmp, final)
@@ -210,6 +236,7 @@ class Writer:
         self.pending: list[Mapping[str, Any]] = []
         self.closed = False
         self._lock_fd: int | None = None
+        self._made_root = False  # this writer made the directory: an aborted write removes it if empty
         self._tmp_files: set[str] = set()
         if schema is not None:
             self._set_schema(schema if isinstance(schema, Schema) else Schema.from_dict(dict(schema)))
@@ -229,12 +256,17 @@ class Writer:
             return previous
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise ChuteError(f"cannot write a dataset to {self.root}: it is a file, not a directory")
-        os.makedirs(self.root, exist_ok=True)
+        self._made_root = not os.path.exists(self.root)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise WriteError(f"cannot create the dataset directory {self.root}: {exc.strerror or exc}") from None
         fd = os.open(os.path.join(self.root, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
+            self._made_root = False  # not ours to clean
             raise ChuteError(
                 f"another process is writing a dataset to {self.root}; wait for it to finish "
                 "or write to another directory"
@@ -250,7 +282,7 @@ class Writer:
             keep = {s.stored_file for s in previous.shards} if previous else set()
             self._remove_leftovers(keep)
         except BaseException:
-            self._unlock()
+            self._unlock(remove=True)
             raise
         return previous
 
@@ -271,10 +303,19 @@ class Writer:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.root, name))
 
-    def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+    def _unlock(self, remove: bool = False) -> None:
+        """Drop the writer's lock; ``remove``: also its lock file, and the directory if this writer
+        made it and nothing else is in it (a failed write leaves nothing behind)."""
+        if self._lock_fd is None:
+            return
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.root, LOCK_NAME))  # while still holding it: no writer sees it half-gone
+        os.close(self._lock_fd)  # releases the flock
+        self._lock_fd = None
+        if remove and self._made_root:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.root)  # only if empty
 
     def __enter__(self) -> Writer:
         return self
@@ -318,6 +359,11 @@ class Writer:
         """Add one sample. Raises SchemaError if it does not fit the schema."""
         if self.closed:
             raise ChuteError(f"the writer for {self.root} is closed")
+        if not isinstance(sample, Mapping):
+            raise SchemaError(
+                f"sample {self.position + len(self.pending)} is a {type(sample).__name__}, not a dict: chute.write "
+                "takes an iterable of dicts of column name to value, e.g. {'image': array, 'label': 3}"
+            )
         if self.schema is None:
             self.pending.append(sample)
             if len(self.pending) >= self.lookahead:
@@ -374,7 +420,7 @@ class Writer:
         tmp = os.path.join(self.root, f".{MANIFEST_NAME}.{self.token}{TMP_SUFFIX}")
         self._tmp_files.add(tmp)
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
+            with disk(f"the manifest of {self.root}", self.url), open(tmp, "w", encoding="utf-8") as f:
                 f.write(text)
                 f.flush()
                 if self.durable:
@@ -406,7 +452,7 @@ class Writer:
         for tmp in self._tmp_files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        self._unlock()
+        self._unlock(remove=True)
 
 
 def write(

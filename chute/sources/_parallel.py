@@ -10,6 +10,11 @@ number of workers.
 
 Everything handed to the pool is a top-level function and picklable arguments,
 so this works with every start method (``fork``, ``forkserver``, ``spawn``).
+
+A reader process ends when the main process dies, even by ``SIGKILL``: a thread
+in each reader blocks until the main process exits (a process file descriptor on
+Linux, kqueue on macOS and the BSDs) and then ends the reader. Without it the
+readers would sleep forever on their task queue.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import collections
 import concurrent.futures
 import multiprocessing
 import os
+import select
 import signal
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -52,9 +60,52 @@ def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
-def _ignore_sigint() -> None:
-    """Worker initializer: Ctrl-C is handled by the main process, which shuts the pool down."""
+#: Seconds between checks of the parent's pid where the OS offers no way to wait for it.
+_PARENT_CHECK_S = 1.0
+
+
+def _init_reader(parent: int) -> None:
+    """Reader process initializer: Ctrl-C is the main process's to handle (it shuts the pool down),
+    and the reader ends when the main process ``parent`` dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(parent,), name="chute-reader-parent", daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """Block until process ``parent`` has exited, then end this process at once."""
+    _wait_for_exit(parent)
+    os._exit(1)  # not sys.exit: the main thread may be blocked in a read of the source
+
+
+def _wait_for_exit(pid: int) -> None:
+    if os.getppid() != pid:
+        return  # it died before we started watching (we were handed to another parent)
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        except OSError:
+            fd = None  # an old kernel: fall through
+        if fd is not None:
+            try:
+                if os.getppid() == pid:  # still ours: the pidfd names the right process
+                    select.select([fd], [], [])
+            finally:
+                os.close(fd)
+            return
+    if hasattr(select, "kqueue"):
+        queue = select.kqueue()
+        try:
+            event = select.kevent(pid, select.KQ_FILTER_PROC, select.KQ_EV_ADD | select.KQ_EV_ONESHOT, select.KQ_NOTE_EXIT)
+            queue.control([event], 1)
+        except ProcessLookupError:
+            pass
+        finally:
+            queue.close()
+        return
+    while os.getppid() == pid:  # neither: look now and then
+        time.sleep(_PARENT_CHECK_S)
 
 
 class OrderedPool:
@@ -76,7 +127,8 @@ class OrderedPool:
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context(self.start_method),
-                initializer=_ignore_sigint,
+                initializer=_init_reader,
+                initargs=(os.getpid(),),
             )
         return self
 

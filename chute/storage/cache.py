@@ -3,6 +3,7 @@
 Layout of ``cache_dir``::
 
     .chute-cache.lock                 held briefly while space is reserved or freed
+    .chute-members/                   the processes sharing the cache and their leases (chute/storage/share.py)
     <key>/source                      the dataset URL this directory caches
     <key>/<shard file>                a complete, verified shard (decompressed)
     <key>/<shard file>.<size>.<tag>.part   a download in progress, reserving <size> bytes
@@ -19,7 +20,8 @@ a process dies, and by atomic renames:
   blocking wait, not a poll), and find it complete. Waiting for a download
   never waits for readers: a shared read lock is never converted to an
   exclusive one (two processes each reading a shard the other waits to upgrade
-  would deadlock);
+  would deadlock). Nobody waits for room while holding a download lock: a
+  download that finds no room lets the lock go before it waits;
 * **eviction** takes the read lock exclusive without waiting: a shard anyone
   reads is never evicted. A ``.part`` file whose download lock is free is a
   dead download's leftover and is removed.
@@ -28,12 +30,18 @@ The byte limit covers every shard and reservation under ``cache_dir`` (all
 datasets cached there). The cache lock is held while the files are counted, a
 ``.part`` file is created, a shard is evicted, or a ``.part`` file is renamed
 into place (a directory listing taken during a rename could miss the file, and
-the count would come out low). A download first reserves its full size, under the
+the count would come out low). A download reserves its full size, under the
 cache lock, by creating its ``.part`` file at that size; if that would pass the
-limit, unlocked shards are evicted first, those whose next use in this
-process's order is furthest away (never used again: first). Shards already in
+limit, shards nobody holds are evicted first: those no process will read soon
+(every process publishes the next shards it reads) and this process never reads
+again first, then the one whose next use is furthest away. Shards already in
 the cache from an earlier run are reused (their names carry a per-write token,
 so a rewritten dataset never matches stale files; the size is checked).
+
+With a limit, a process holds shards only within its **lease** (see
+chute/storage/share.py): leases together fit the limit, so the room a holder
+needs is always there once the shards nobody holds are evicted; a process that
+cannot get the lease its loader needs waits for its turn holding nothing.
 """
 
 from __future__ import annotations
@@ -54,19 +62,22 @@ from chute.errors import CacheFullError, ChuteError, ShardError
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
 from chute.storage.remote import Cancelled, Remote, verify_file
+from chute.storage.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
 
 log = logging.getLogger("chute")
 
-LOCK_NAME = ".chute-cache.lock"
 PART_SUFFIX = ".part"
 READ_LOCK = ".lock"  # held shared by readers of a shard, exclusive by its eviction
 DOWNLOAD_LOCK = ".download"  # held exclusive by the one process downloading a shard
+
+#: Shards a dataset keeps held for direct reads (``ds[i]`` outside a loader; see chute/format/reader.py).
+DIRECT_HOLDS = 2
 
 
 def default_cache_dir() -> str:
     """``$CHUTE_CACHE_DIR``, else ``$XDG_CACHE_HOME/chute``, else ``~/.cache/chute``."""
     if os.environ.get("CHUTE_CACHE_DIR"):
-        return os.environ["CHUTE_CACHE_DIR"]
+        return os.path.expanduser(os.environ["CHUTE_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "chute")
 
@@ -141,13 +152,20 @@ class ShardCache:
     """One dataset's shards in a node cache: ``acquire`` a shard (downloading it if needed), ``release`` it.
 
     A shard is held (shared lock, counted per process) from ``acquire`` to the
-    matching ``release``; while held it is on disk and is not evicted. Thread-safe.
+    matching ``release``; while held it is on disk and is not evicted. A loader's
+    downloader first ``claim``s the shards it will acquire (within this process's
+    lease, see chute/storage/share.py), so that it never waits on another process
+    while holding shards. Thread-safe.
+
+    ``share=False`` keeps the cache out of the leases (the progressive mode's
+    snapshots, which hold only shards already complete).
     """
 
-    def __init__(self, remote: Remote, manifest: Manifest, cache_dir: str | None = None, limit: int | None = None) -> None:
+    def __init__(self, remote: Remote, manifest: Manifest, cache_dir: str | None = None, limit: int | None = None,
+                 *, share: bool = True) -> None:
         self.remote = remote
         self.manifest = manifest
-        self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
+        self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir or default_cache_dir()))
         self.limit = None if limit is None else int(limit)
         key = hashlib.blake2b(remote.url.encode("utf-8"), digest_size=8).hexdigest()
         self.dir = os.path.join(self.cache_dir, key)
@@ -156,19 +174,42 @@ class ShardCache:
         self._refs: dict[int, int] = {}
         self._fds: dict[int, int] = {}
         self._loading: set[int] = set()
-        self._space = threading.Lock()  # flock does not exclude threads sharing one descriptor
+        self._claims: dict[int, int] = {}  # shard -> claims not yet turned into holds
+        self._reserved: set[int] = set()  # shards whose bytes this process's lease counts
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.next_use: Callable[[int], float] | None = None  # set by the loader: step of a shard's next use
         self.on_unpin: Callable[[int], None] | None = None  # called before a shard's lock is dropped
         self.counts = {"hits": 0, "misses": 0, "shards_downloaded": 0, "bytes_downloaded": 0,
-                       "evictions": 0, "checksum_failures": 0}
-        if self.limit is not None:
-            largest = max((s.bytes for s in manifest.shards), default=0)
-            if largest > self.limit:
-                raise CacheFullError(
-                    f"cache_limit {self.limit:,} bytes is smaller than the largest shard of {remote.url} "
-                    f"({largest:,} bytes); the cache needs at least {largest:,} bytes (more to read ahead)"
-                )
+                       "evictions": 0, "checksum_failures": 0, "high_water": 0, "room_waits": 0}
+        sizes = sorted((s.bytes for s in manifest.shards), reverse=True)
+        largest = sizes[0] if sizes else 0
+        if self.limit is not None and largest > self.limit:
+            raise CacheFullError(
+                f"cache_limit {self.limit:,} bytes is smaller than the largest shard of {remote.url} "
+                f"({largest:,} bytes); the cache needs at least {largest:,} bytes (more to read ahead)"
+            )
+        self.sharing: Sharing | None = None
+        if self.limit is not None and share:
+            direct = sum(sizes[:DIRECT_HOLDS]) if sum(sizes[:DIRECT_HOLDS]) <= self.limit else largest
+            self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=direct)
+        self._pid = os.getpid()
+        self._inherited = False  # a forked child dropped its parent's holds (see _after_fork)
+
+    def _after_fork(self) -> None:
+        """In a process forked from the one that used this cache (a DataLoader worker): forget the
+        parent's holds and membership, which stay the parent's (closing our copies of its lock
+        descriptors leaves its locks in place), and start afresh."""
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds, self._refs, self._claims, self._reserved, self._loading = {}, {}, {}, set(), set()
+        self._cond = threading.Condition()
+        self._pool = None
+        self._inherited = True
+        if self.sharing is not None:
+            self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=self.sharing.direct_minimum)
 
     def __repr__(self) -> str:
         return f"ShardCache({self.remote.url!r} in {self.dir!r}, limit={self.limit})"
@@ -184,6 +225,10 @@ class ShardCache:
     def _file(self, i: int) -> str:
         return self.manifest.shards[i].file.replace("/", "%2F")
 
+    def ident(self, i: int) -> str:
+        """Shard ``i`` as other processes sharing the cache name it: ``<dataset dir>/<file>``."""
+        return f"{os.path.basename(self.dir)}/{self._file(i)}"
+
     def held(self, i: int) -> int:
         """How many holds this process has on shard ``i``."""
         return self._refs.get(i, 0)
@@ -196,31 +241,73 @@ class ShardCache:
             return False
 
     def stats(self) -> dict[str, Any]:
-        """Counters of this process's use of the cache, and the bytes the cache holds now."""
+        """Counters of this process's use of the cache, and the bytes the cache holds now.
+
+        ``high_water`` is the most bytes the cache held right after one of this
+        process's reservations (every byte enters the cache through a reservation,
+        so the largest over the processes sharing it is the cache's high-water mark).
+        """
         used, _ = _scan(self.cache_dir)
         out: dict[str, Any] = dict(self.counts)
         out["retries"] = self.remote.retries
         out["bytes_cached"] = used
         out["limit"] = self.limit
+        if self.sharing is not None:
+            out.update(self.sharing.counts)
+            out["lease"] = self.sharing.lease
         lookups = out["hits"] + out["misses"]
         out["hit_rate"] = out["hits"] / lookups if lookups else None
         return out
 
     # ------------------------------------------------------------------ holding shards
 
+    def claim(self, i: int) -> bool:
+        """Count shard ``i`` in this process's lease ahead of :meth:`acquire`, if the lease has room
+        now (no waiting); whether it did. Each claim is used by one ``acquire`` or dropped by
+        :meth:`unclaim`."""
+        self._after_fork()
+        with self._cond:
+            if self.sharing is not None and i not in self._reserved:
+                if not self.sharing.try_reserve(self.manifest.shards[i].bytes):
+                    return False
+                self._reserved.add(i)
+            self._claims[i] = self._claims.get(i, 0) + 1
+            return True
+
+    def unclaim(self, i: int) -> None:
+        """Drop a claim that will not be acquired."""
+        with self._cond:
+            self._claims[i] -= 1
+            if not self._claims[i]:
+                del self._claims[i]
+            gone = self._uncommit(i)
+        self._settle(gone)
+
     def acquire(self, i: int) -> str:
         """Hold shard ``i`` in the cache, downloading it if needed; its local path."""
+        self._after_fork()
         with self._cond:
             while True:
                 if self._refs.get(i, 0) > 0:
                     self._refs[i] += 1
+                    self._use_claim(i)
                     return self.path(i)
                 if i not in self._loading:
                     self._loading.add(i)
+                    self._use_claim(i)
                     break
                 self._cond.wait()  # another thread of this process is getting it
+            reserved = i in self._reserved or self.sharing is None
         fd = None
         try:
+            if not reserved:  # a direct read: wait for room in the lease (holding nothing new)
+                size = self.manifest.shards[i].bytes
+                self.sharing.reserve(size, cancelled=self.remote.cancelled)
+                with self._cond:
+                    twice = i in self._reserved  # a claim counted it meanwhile
+                    self._reserved.add(i)
+                if twice:
+                    self.sharing.unreserve(size)
             fd = self._hold(i)
         finally:
             with self._cond:
@@ -228,17 +315,41 @@ class ShardCache:
                 if fd is not None:
                     self._refs[i] = 1
                     self._fds[i] = fd
+                gone = self._uncommit(i)
                 self._cond.notify_all()
+            self._settle(gone)
         return self.path(i)
+
+    def _use_claim(self, i: int) -> None:
+        if self._claims.get(i):
+            self._claims[i] -= 1
+            if not self._claims[i]:
+                del self._claims[i]
+
+    def _uncommit(self, i: int) -> int:
+        """Under ``_cond``: stop counting shard ``i`` in the lease if nothing holds, gets or claims it; its bytes."""
+        if i in self._reserved and not (self._refs.get(i) or i in self._loading or self._claims.get(i)):
+            self._reserved.discard(i)
+            size = self.manifest.shards[i].bytes
+            self.sharing.unreserve(size)
+            return size
+        return 0
+
+    def _settle(self, freed: int) -> None:
+        if freed and self.sharing is not None:
+            self.sharing.settle()
 
     def release(self, i: int) -> None:
         """Drop one hold on shard ``i``; with the last one it becomes evictable."""
+        self._after_fork()
         with self._cond:
             count = self._refs.get(i, 0) - 1
             if count > 0:
                 self._refs[i] = count
                 return
             if count < 0:
+                if self._inherited:
+                    return  # a hold the parent process took before this one was forked
                 raise AssertionError(f"shard {i} released more often than acquired")
             del self._refs[i]
             fd = self._fds.pop(i)
@@ -246,16 +357,23 @@ class ShardCache:
             self.on_unpin(i)
         os.close(fd)  # drops the shared lock
         with self._cond:
+            gone = self._uncommit(i)
             self._cond.notify_all()
+        self._settle(gone)
 
     def close(self) -> None:
-        """Drop every hold (shards stay cached for the next run)."""
+        """Drop every hold (shards stay cached for the next run) and leave the cache's members."""
+        self._after_fork()
         with self._cond:
             fds = list(self._fds.values())
             self._fds.clear()
             self._refs.clear()
+            self._claims.clear()
+            self._reserved.clear()
         for fd in fds:
             os.close(fd)
+        if self.sharing is not None:
+            self.sharing.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -279,38 +397,42 @@ class ShardCache:
         Held from before the shard is looked for, so it cannot be evicted between
         being found and being read. A missing shard is downloaded under its
         download lock: the one process that takes it downloads, the others wait
-        on it and then find the file.
+        on it and then find the file. A download that finds no room lets the
+        download lock go before it waits for room.
         """
         self._make_dir()
         info = self.manifest.shards[i]
         fd = os.open(_lock_path(self.dir, self._file(i)), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an eviction removes the file
-            if self.cached(i):
-                self.counts["hits"] += 1
-                return fd
-            download = os.open(_lock_path(self.dir, self._file(i), DOWNLOAD_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                with inflight.track("wait for another process's download of", self.remote.url + "/" + info.file):
-                    fcntl.flock(download, fcntl.LOCK_EX)  # blocks while another process downloads it
+            while True:
                 if self.cached(i):
                     self.counts["hits"] += 1
-                else:
-                    self.counts["misses"] += 1
-                    self._download(i, info)
-            finally:
-                os.close(download)  # drops the download lock; the read lock stays
-            return fd
+                    return fd
+                download = os.open(_lock_path(self.dir, self._file(i), DOWNLOAD_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    with inflight.track("wait for another process's download of", self.remote.url + "/" + info.file):
+                        fcntl.flock(download, fcntl.LOCK_EX)  # blocks while another process downloads it
+                    if self.cached(i):
+                        self.counts["hits"] += 1
+                        return fd
+                    part = self._reserve(i, info.bytes)
+                    if part is not None:
+                        self.counts["misses"] += 1
+                        self._download(i, info, part)
+                        return fd
+                finally:
+                    os.close(download)  # drops the download lock; the read lock stays
+                self._wait_for_room(i)
         except BaseException:
             os.close(fd)
             raise
 
     # ------------------------------------------------------------------ downloading
 
-    def _download(self, i: int, info: ShardInfo) -> None:
-        """Download shard ``i`` into the cache (its download lock is held); verify; rename into place."""
+    def _download(self, i: int, info: ShardInfo, part: str) -> None:
+        """Download shard ``i`` into ``part`` (its download lock is held); verify; rename into place."""
         final = self.path(i)
-        part = self._reserve(i, info.bytes)
         url = self.remote.url + "/" + info.stored_file
         try:
             for attempt in (1, 2):
@@ -325,7 +447,7 @@ class ShardCache:
                         "Write the dataset to the remote store again"
                     )
                 log.warning("chute: %s; downloading it again", problem)
-            with self._space, self._cache_lock():  # a concurrent scan sees the .part or the shard, never neither
+            with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither
                 os.replace(part, final)
         except BaseException:
             _unlink(part)
@@ -358,68 +480,61 @@ class ShardCache:
 
     def _parts_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None:
-            with self._space:
+            with self._cond:
                 if self._pool is None:
                     self._pool = concurrent.futures.ThreadPoolExecutor(self.remote.parallel, thread_name_prefix="chute-range")
         return self._pool
 
-    def _reserve(self, i: int, size: int) -> str:
-        """Create shard ``i``'s ``.part`` file at full size, evicting to stay under the limit."""
+    def _reserve(self, i: int, size: int) -> str | None:
+        """Create shard ``i``'s ``.part`` file at full size, evicting to stay under the limit; None
+        if there is no room (only holds outside any lease can cause that, see chute/storage/share.py)."""
+        if self.remote.cancelled():  # closed, or this thread's loader was closed: evict nothing for it
+            raise Cancelled(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
         part = os.path.join(self.dir, f"{self._file(i)}.{size}.{secrets.token_hex(4)}{PART_SUFFIX}")
-        while True:
-            if self.remote.cancelled():  # closed, or this thread's loader was closed: evict nothing for it
-                raise Cancelled(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
-            with self._space, self._cache_lock():
-                if self._make_room(i, size):
-                    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                    try:
-                        if size:
-                            os.posix_fallocate(fd, 0, size)
-                    except OSError as exc:
-                        os.close(fd)
-                        _unlink(part)
-                        raise ChuteError(f"cannot reserve {size:,} bytes in the cache {self.cache_dir}: {exc}") from None
-                    os.close(fd)
-                    return part
-            # Everything evictable is gone; wait for a shard to be released (here or elsewhere).
-            with self._cond:
-                self._cond.wait(timeout=1.0)
-
-    @contextlib.contextmanager
-    def _cache_lock(self):
-        self._make_dir()
-        fd = os.open(os.path.join(self.cache_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
+        with cache_lock(self.cache_dir):
+            used = self._make_room(i, size)
+            if used is None:
+                return None
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                if size:
+                    os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                os.close(fd)
+                _unlink(part)
+                raise ChuteError(f"cannot reserve {size:,} bytes in the cache {self.cache_dir}: {exc}") from None
             os.close(fd)
+            self.counts["high_water"] = max(self.counts["high_water"], used + size)
+        return part
 
-    def _make_room(self, i: int, size: int) -> bool:
-        """Evict until ``size`` more bytes fit under the limit (holding the cache lock); whether they fit."""
-        if self.limit is None:
-            return True
+    def _wait_for_room(self, i: int) -> None:
+        """Wait until a shard is released here or in another process (holding no download lock)."""
+        self.counts["room_waits"] += 1
+        if self.remote.cancelled():
+            raise Cancelled(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
+        with inflight.track("wait for room in the cache", self.cache_dir):
+            if self.sharing is not None:
+                self.sharing.await_room()
+            else:
+                with self._cond:
+                    self._cond.wait(DEAD_PEER_CHECK_S)
+
+    def _make_room(self, i: int, size: int) -> int | None:
+        """Evict until ``size`` more bytes fit under the limit (holding the cache lock); the bytes then
+        in use, or None if they do not fit."""
         used, shards = _scan(self.cache_dir)
-        if used + size <= self.limit:
-            return True
+        if self.limit is None or used + size <= self.limit:
+            return used
         mine = {self._file(j) for j in list(self._refs)} | {self._file(j) for j in list(self._loading) if j != i}
-        held = sum(self.manifest.shards[j].bytes for j in list(self._refs))
-        if held + size > self.limit:
-            raise CacheFullError(
-                f"cache_limit {self.limit:,} bytes cannot hold shard {self.manifest.shards[i].file} "
-                f"({size:,} bytes) beside the {held:,} bytes this process must keep at once; "
-                f"raise cache_limit to at least {held + size:,} bytes"
-            )
-        index = {s.file.replace("/", "%2F"): j for j, s in enumerate(self.manifest.shards)}
-        next_use = self.next_use
-
-        def distance(item: tuple[str, str, int]) -> float:
-            directory, name, _ = item
-            if directory != self.dir or name not in index or next_use is None:
-                return math.inf
-            return next_use(index[name])
-
-        for directory, name, shard_size in sorted(shards, key=distance, reverse=True):
+        if self.sharing is None:
+            held = sum(self.manifest.shards[j].bytes for j in list(self._refs))
+            if held + size > self.limit:
+                raise CacheFullError(
+                    f"cache_limit {self.limit:,} bytes cannot hold shard {self.manifest.shards[i].file} "
+                    f"({size:,} bytes) beside the {held:,} bytes this process must keep at once; "
+                    f"raise cache_limit to at least {held + size:,} bytes"
+                )
+        for directory, name, shard_size in sorted(shards, key=self._eviction_order(), reverse=True):
             if directory == self.dir and name in mine:
                 continue
             path = os.path.join(directory, name)
@@ -427,8 +542,28 @@ class ShardCache:
                 used -= shard_size
                 self.counts["evictions"] += 1
                 if used + size <= self.limit:
-                    return True
-        return False
+                    return used
+        return None
+
+    def _eviction_order(self) -> Callable[[tuple[str, str, int]], tuple[float, float]]:
+        """Sort key of cached shards, largest evicted first: ``(rank, next use)``, where rank is the
+        shard's place in the soonest list of shards any sharing process reads next (inf: in none)
+        and next use is this process's next step reading it (inf: never)."""
+        index = {s.file.replace("/", "%2F"): j for j, s in enumerate(self.manifest.shards)}
+        next_use = self.next_use
+        ranks = self.sharing.others_soon() if self.sharing is not None else {}
+        own = self.sharing.soon() if self.sharing is not None else []
+        for k, ident in enumerate(own):
+            ranks[ident] = min(k, ranks.get(ident, k))
+        key = os.path.basename(self.dir)
+
+        def order(item: tuple[str, str, int]) -> tuple[float, float]:
+            directory, name, _ = item
+            rank = ranks.get(f"{os.path.basename(directory)}/{name}", math.inf)
+            mine = directory == self.dir and os.path.basename(directory) == key and name in index
+            return rank, (next_use(index[name]) if mine and next_use is not None else math.inf)
+
+        return order
 
 
-__all__ = ["ShardCache", "CacheFullError", "default_cache_dir"]
+__all__ = ["ShardCache", "CacheFullError", "default_cache_dir", "LOCK_NAME"]

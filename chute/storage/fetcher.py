@@ -6,17 +6,21 @@
 The loader's pass knows, for every shard, the first and last step that reads it.
 The fetcher takes these uses in order of first step and holds each shard in the
 node cache (downloading it when it is missing), several at once, as far ahead
-as the byte budget allows (the cache limit, or ``ahead`` bytes when the cache
-is unbounded). A batch task waits until its shards are held; once the consumer
-has received the last step that uses a shard, the fetcher releases it and it
-becomes evictable. The cache evicts by next use, which the fetcher tells it.
+as the byte budget allows: with a cache limit, this process's lease in the
+cache, which it shares with the other processes using it (chute/storage/share.py);
+without one, ``ahead`` bytes. A batch task waits until its shards are held; once
+the consumer has received the last step that uses a shard, the fetcher releases
+it and it becomes evictable. The cache evicts by next use, which the fetcher
+tells it (and publishes, for the other processes).
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import copy
+import hashlib
 import heapq
 import math
 import threading
@@ -106,7 +110,14 @@ def check_limit(cache: ShardCache, uses: list[tuple[int, int, int]] | None = Non
 
 
 class Fetcher:
-    """Holds the shards a pass will read, in order of use, ``threads`` downloads at a time."""
+    """Holds the shards a pass will read, in order of use, ``threads`` downloads at a time.
+
+    With a cache limit the fetcher first takes this process's turn in the cache
+    (a lease of at least the bytes its pass must hold at once, see
+    chute/storage/share.py), then claims each shard within the lease before it
+    acquires it. When another process sharing the cache waits for room, it
+    gives back its read-ahead: the shards no batch task has asked for yet.
+    """
 
     def __init__(self, cache: ShardCache, uses: list[tuple[int, int, int]], *, threads: int = 4,
                  ahead: int = 4 << 30, name: str = "chute-fetch") -> None:
@@ -114,17 +125,22 @@ class Fetcher:
         self.uses = uses
         sizes = [s.bytes for s in cache.manifest.shards]
         self.sizes = sizes
-        need = check_limit(cache, uses)
-        self.budget = max(need, cache.limit if cache.limit is not None else ahead)
+        self.need = check_limit(cache, uses)
+        self.budget = max(self.need, cache.limit if cache.limit is not None else ahead)
         self._cond = threading.Condition()
         self._next = 0  # index in uses of the next one to start
-        self._held_bytes = 0
+        self._held_bytes = 0  # bytes of the uses started (loading or ready)
+        self._started: dict[int, bool] = {}  # index in uses -> ready (False: loading)
         self._ready: dict[int, int] = {}  # shard -> holds this fetcher has that are ready
-        self._held: list[tuple[int, int]] = []  # heap of (last step, shard) of ready or loading uses
+        self._held: list[tuple[int, int]] = []  # heap of (last step, index in uses) of started uses
+        self._dropped: collections.Counter[int] = collections.Counter()  # uses given back while loading: released on arrival
         self._frontier = 0  # steps below this were received by the consumer
-        self._extra: dict[int, int] = {}  # step -> shards a task acquired itself (not in the plan)
+        self._reached = -1  # the highest step a batch task has asked for
+        self._extra: dict[int, list[int]] = {}  # step -> shards a task acquired itself (not in the plan)
         self._error: BaseException | None = None
         self._closed = False
+        self._turn = cache.sharing is None  # whether this process has its lease (see take_turn)
+        self._taking = False
         self._cancel = threading.Event()  # set by close(): downloads in progress stop (see Remote.cancelled_by)
         self.wait_s = 0.0  # time batch tasks spent waiting for shards
         # where each shard is next used, for the cache's eviction
@@ -135,6 +151,10 @@ class Fetcher:
         for first, last, shard in uses:
             self._spans.setdefault(shard, []).append((first, last))
         cache.next_use = self.next_use
+        if cache.sharing is not None:
+            job = hashlib.blake2b(repr((cache.dir, uses)).encode(), digest_size=8).hexdigest()  # the same for every rank
+            cache.sharing.attach(self, self.need, self.budget, on_demand=self.give_back, on_change=self._wake,
+                                 soon=self._soon, job=job)
         self._threads = [threading.Thread(target=self._run, name=f"{name}-{k}", daemon=True) for k in range(max(1, threads))]
         for thread in self._threads:
             thread.start()
@@ -144,14 +164,25 @@ class Fetcher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and self._error is None and not self._can_start():
+                while not self._closed and self._error is None and (self._taking or (self._turn and not self._can_start())):
                     self._cond.wait()
                 if self._closed or self._error is not None:
                     return
-                first, last, shard = self.uses[self._next]
-                self._next += 1
-                self._held_bytes += self.sizes[shard]
-                heapq.heappush(self._held, (last, shard))
+                if not self._turn:
+                    self._taking = True
+                else:
+                    k = self._next
+                    first, last, shard = self.uses[k]
+                    if not self.cache.claim(shard) and self._held_bytes:
+                        self._cond.wait()  # no room in the lease: wait for the consumer, or a ring
+                        continue
+                    self._next += 1
+                    self._held_bytes += self.sizes[shard]
+                    self._started[k] = False
+                    heapq.heappush(self._held, (last, k))
+            if not self._turn:
+                self._take_turn()
+                continue
             try:
                 with self.cache.remote.cancelled_by(self._cancel):
                     self.cache.acquire(shard)
@@ -159,18 +190,48 @@ class Fetcher:
                 with self._cond:
                     if not self._closed:  # after close() nobody waits for it, and close() cleared the books
                         self._error = exc
-                        self._held_bytes -= self.sizes[shard]
-                        with contextlib.suppress(ValueError):
-                            self._held.remove((last, shard))
-                            heapq.heapify(self._held)
+                        self._forget(k)
                     self._cond.notify_all()
                 return
             with self._cond:
-                if self._closed:
-                    self.cache.release(shard)
-                    return
-                self._ready[shard] = self._ready.get(shard, 0) + 1
+                if self._dropped[k]:
+                    self._dropped[k] -= 1
+                    drop = True
+                elif self._closed:
+                    drop = True
+                else:
+                    drop = False
+                    self._started[k] = True
+                    self._ready[shard] = self._ready.get(shard, 0) + 1
+                    self._cond.notify_all()
+            if drop:
+                self.cache.release(shard)
+
+    def _take_turn(self) -> None:
+        """Wait (holding nothing) until this process's lease covers the pass's minimum."""
+        sharing = self.cache.sharing
+        try:
+            with inflight.track(f"wait for a turn in the cache shared with other processes ({self.need:,} bytes)", sharing.cache_dir):
+                sharing.reserve(0, at_least=self.need, cancelled=lambda: self._cancel.is_set())
+        except BaseException as exc:
+            with self._cond:
+                self._taking = False
+                if not self._closed:
+                    self._error = exc
                 self._cond.notify_all()
+            return
+        with self._cond:
+            self._taking = False
+            self._turn = True
+            self._cond.notify_all()
+
+    def _forget(self, k: int) -> None:
+        """Under ``_cond``: use ``k`` was not held after all (its download failed)."""
+        self._started.pop(k, None)
+        self._held_bytes -= self.sizes[self.uses[k][2]]
+        with contextlib.suppress(ValueError):
+            self._held.remove((self.uses[k][1], k))
+            heapq.heapify(self._held)
 
     def _can_start(self) -> bool:
         if self._next >= len(self.uses):
@@ -178,12 +239,50 @@ class Fetcher:
         shard = self.uses[self._next][2]
         return self._held_bytes == 0 or self._held_bytes + self.sizes[shard] <= self.budget
 
+    def _wake(self) -> None:
+        """Room may have come free in this process's lease: look again."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def give_back(self) -> None:
+        """Another process waits for room: release the read-ahead no batch task has asked for yet.
+
+        Those are the started uses whose first step is past every step a task has
+        waited for: a suffix of the order, which is started again later.
+        """
+        release = []
+        with self._cond:
+            if self._closed:
+                return
+            suffix = [k for k in self._started if self.uses[k][0] > self._reached]
+            for k in sorted(suffix):
+                shard = self.uses[k][2]
+                if self._started.pop(k):
+                    self._ready[shard] -= 1
+                    release.append(shard)
+                else:
+                    self._dropped[k] += 1
+                self._held_bytes -= self.sizes[shard]
+            if suffix:
+                self._held = [(last, k) for last, k in self._held if k not in suffix]
+                heapq.heapify(self._held)
+                self._next = min(suffix)
+        for shard in release:
+            self.cache.release(shard)
+
+    def _soon(self) -> list[str]:
+        """The shards this pass reads next, soonest first, as other processes name them (no lock:
+        called under the cache lock, see ShardCache._eviction_order)."""
+        start = self._next
+        return [self.cache.ident(shard) for _, _, shard in self.uses[start : start + 32]]
+
     # ------------------------------------------------------------------ the batch tasks' side
 
     def wait(self, step: int, shards: Iterable[int]) -> None:
         """Block until ``shards`` (those batch ``step`` reads) are held; raise the download's error."""
         start = time.perf_counter()
         with self._cond:
+            self._reached = max(self._reached, step)  # from now on they are not given back
             for shard in shards:
                 if not self._planned(shard, step):
                     self._extra.setdefault(step, []).append(shard)
@@ -211,8 +310,10 @@ class Fetcher:
         planned, extra = [], []
         with self._cond:
             self._frontier = max(self._frontier, step + 1)
-            while self._held and self._held[0][0] < self._frontier and self._ready.get(self._held[0][1]):
-                _, shard = heapq.heappop(self._held)
+            while self._held and self._held[0][0] < self._frontier and self._started.get(self._held[0][1]):
+                _, k = heapq.heappop(self._held)
+                del self._started[k]
+                shard = self.uses[k][2]
                 self._ready[shard] -= 1
                 planned.append(shard)
             for s in [s for s in self._extra if s < self._frontier]:
@@ -248,8 +349,11 @@ class Fetcher:
             self._ready.clear()
             self._extra.clear()
             self._held.clear()
+            self._started.clear()
             self._cond.notify_all()
         self._cancel.set()  # downloads in flight end within their current request; none starts
+        if self.cache.sharing is not None:
+            self.cache.sharing.wake()  # a thread waiting for its turn sees the cancel
         for shard in release:
             self.cache.release(shard)
         deadline = time.monotonic() + _JOIN_TIMEOUT
@@ -257,6 +361,9 @@ class Fetcher:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.cache.next_use == self.next_use:
             self.cache.next_use = None
+        if self.cache.sharing is not None:
+            self.cache.sharing.detach(self)
 
 
 __all__ = ["Fetcher", "resident_bytes"]
+

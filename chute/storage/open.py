@@ -15,7 +15,8 @@ from typing import Any
 
 from chute._sizes import parse_size
 from chute.errors import ManifestError, ShardError
-from chute.format.manifest import MANIFEST_NAME, local_path, parse_manifest
+from chute.format import validate
+from chute.format.manifest import MANIFEST_NAME, local_path, parse_manifest, read_manifest
 from chute.format.reader import Dataset
 from chute.storage.cache import ShardCache
 from chute.storage.remote import NotFound, Remote, RetryPolicy, is_remote
@@ -28,6 +29,7 @@ def open_dataset(
     cache_limit: int | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retries: int | None = None,
+    verify: bool = True,
     progressive: bool = False,
 ) -> Dataset:
     """Open the chute dataset at ``path``: a local directory holding ``manifest.json``, or a URL.
@@ -48,8 +50,10 @@ def open_dataset(
     background filler keeps rotating new shards in (docs/remote.md).
 
     Validates the manifest and, for a local dataset, that every shard exists with
-    the size it lists; checksums are checked by :meth:`Dataset.verify` (and on
-    every download).
+    the size it lists. Each shard is checked once per process when it is first
+    read: its checksum (``verify=True``, the default; ``verify=False`` skips it)
+    and, always, the structure the reader relies on (offsets, buffer bounds, row
+    count); see docs/format.md. :meth:`Dataset.verify` checks every shard at once.
     """
     if progressive:
         if not is_remote(os.fspath(path)):
@@ -62,18 +66,17 @@ def open_dataset(
                 f"progressive=True needs a cache_limit (chute.open({os.fspath(path)!r}, progressive=True, cache_limit=...)): "
                 "the mode trains on what fits in the cache while it rotates"
             )
-        ds = open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries)
+        ds = open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify)
         ds.progressive = True
         return ds
     if is_remote(os.fspath(path)):
-        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries)
+        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify)
     root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if not os.path.isdir(root):
         raise ManifestError(f"{root} does not exist or is not a directory; a chute dataset is a directory with a {MANIFEST_NAME}")
     try:
-        with open(manifest_path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_manifest(manifest_path)
     except FileNotFoundError:
         raise ManifestError(
             f"{root} has no {MANIFEST_NAME}: it is not a chute dataset, or its writer did not "
@@ -81,7 +84,7 @@ def open_dataset(
         ) from None
     manifest = parse_manifest(text, manifest_path)
     if any(info.compression for info in manifest.shards):  # compressed shards are read through the cache
-        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries)
+        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries, verify=verify)
     real_root = os.path.realpath(root)
     for info in manifest.shards:
         path_i = os.path.join(root, *info.file.split("/"))
@@ -99,7 +102,8 @@ def open_dataset(
                 f"dataset {root}: shard {info.file} is {size} bytes but the manifest says {info.bytes}; "
                 "it is truncated or was replaced: write or download the dataset again"
             )
-    return Dataset(root, manifest, text)
+    validate.check_empty_shards(root, manifest, f"dataset {root}")
+    return Dataset(root, manifest, text, verify=verify)
 
 
 def open_remote(
@@ -108,6 +112,8 @@ def open_remote(
     cache_limit: int | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retries: int | None = None,
+    *,
+    verify: bool = True,
 ) -> Dataset:
     """Read the manifest at ``url`` and return the dataset, its shards read through the node cache."""
     retry = RetryPolicy() if retries is None else RetryPolicy(attempts=max(1, int(retries)))
@@ -120,9 +126,9 @@ def open_remote(
             f"{where} does not exist: {remote.url} is not a chute dataset, or its writer did not finish "
             "(the manifest is written last)"
         ) from None
-    except UnicodeDecodeError:
-        text = "\ufffd"  # parse_manifest reports it as invalid JSON
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{where} is not UTF-8 text (at byte {exc.start}); the manifest is damaged: write the dataset again") from None
     manifest = parse_manifest(text, where)
     limit = None if cache_limit is None else parse_size(cache_limit)
     cache = ShardCache(remote, manifest, None if cache_dir is None else os.fspath(cache_dir), limit)
-    return Dataset(remote.url, manifest, text, cache)
+    return Dataset(remote.url, manifest, text, cache, verify=verify)

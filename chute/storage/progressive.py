@@ -29,6 +29,7 @@ from chute.format.reader import Dataset
 from chute.order import Order, _key, permutation
 from chute.storage.cache import ShardCache
 from chute.storage.remote import Remote
+from chute.storage.share import cache_lock
 
 log = logging.getLogger("chute")
 
@@ -41,7 +42,7 @@ class Filler:
         self.dataset = dataset
         remote = cache.remote
         own = Remote(remote.url, remote.storage_options, remote.retry, remote.part_size, remote.parallel)  # closed on its own
-        self.cache = ShardCache(own, dataset.manifest, cache.cache_dir, cache.limit)
+        self.cache = ShardCache(own, dataset.manifest, cache.cache_dir, cache.limit, share=False)
         self.seed = seed
         self._arrival: dict[int, int] = {}
         self._counter = itertools.count()
@@ -133,7 +134,7 @@ class Progressive:
                     raise ChuteError(f"progressive mode: downloading {full.remote.url} failed: {filler.error}") from filler.error
                 filler.arrived.wait(timeout=5.0)
         view = self._view(present)
-        with view._space, view._cache_lock():  # eviction needs this lock: nothing leaves while we hold
+        with cache_lock(view.cache_dir):  # eviction needs this lock: nothing leaves while we hold
             held = [k for k, i in enumerate(present) if full.cached(i)]
             for k in held:
                 view.acquire(k)
@@ -142,7 +143,7 @@ class Progressive:
     def _view(self, shards: list[int]) -> ShardCache:
         full = self.dataset.cache
         manifest = dataclasses.replace(full.manifest, shards=tuple(full.manifest.shards[i] for i in shards))
-        return ShardCache(full.remote, manifest, full.cache_dir, full.limit)
+        return ShardCache(full.remote, manifest, full.cache_dir, full.limit, share=False)
 
     def epoch_dataset(self, shards: list[int], view: ShardCache | None = None) -> tuple[Dataset, Order]:
         """The dataset and order of an epoch over ``shards`` (indices into the full dataset)."""

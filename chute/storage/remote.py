@@ -16,8 +16,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
+import http.client
+import logging
 import os
 import random
+import socket
+import ssl
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -25,6 +31,8 @@ from typing import Any, TypeVar
 
 from chute.errors import RemoteError
 from chute.observe import inflight
+
+log = logging.getLogger("chute")
 
 T = TypeVar("T")
 
@@ -46,6 +54,14 @@ class Cancelled(RemoteError):
 
 class ShortRead(OSError):
     """The server sent fewer bytes than asked for (a cut connection): worth retrying."""
+
+
+class RangeIgnored(Exception):
+    """The server answered a byte-range request with the whole object (HTTP 200, not 206)."""
+
+    def __init__(self, url: str, data: bytes) -> None:
+        super().__init__(f"{url}: the server ignored a Range request and sent all {len(data):,} bytes")
+        self.data = data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,28 +97,88 @@ def status_of(exc: BaseException) -> int | None:
 
 _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError", "ServiceUnavailable"}
 
+#: errno values of "nobody listens there" and "no route to it": a retry cannot help a URL
+#: that never worked (a wrong host or port); after a success they mean an outage.
+_UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH}
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the errors it wraps (s3fs and fsspec wrap the backend's error)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _loaded(module: str) -> Any:
+    """A backend module if something imported it already (an error cannot come from one that is not)."""
+    return sys.modules.get(module)
+
+
+def _permanent_types() -> tuple[type[BaseException], ...]:
+    """Errors no retry cures: missing or forbidden objects, bad certificates or credentials."""
+    types: list[type[BaseException]] = [FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+                                        ssl.SSLCertVerificationError]
+    if (aiohttp := _loaded("aiohttp")) is not None:
+        types += [aiohttp.ClientConnectorCertificateError, aiohttp.InvalidURL]
+    if (botocore := _loaded("botocore.exceptions")) is not None:
+        types += [botocore.NoCredentialsError, botocore.PartialCredentialsError, botocore.ParamValidationError,
+                  botocore.SSLError]
+    return tuple(types)
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    """Errors of the network, and of the backends' own integrity checks, that a retry may cure."""
+    types: list[type[BaseException]] = [ConnectionError, TimeoutError, asyncio.TimeoutError, EOFError, ShortRead,
+                                        http.client.IncompleteRead]
+    if (aiohttp := _loaded("aiohttp")) is not None:
+        # ClientConnectionError: refused, reset and dropped connections, timeouts; ClientPayloadError: a cut body
+        types += [aiohttp.ClientConnectionError, aiohttp.ClientPayloadError]
+    if (botocore := _loaded("botocore.exceptions")) is not None:
+        # a damaged body fails botocore's checksum: downloading it again is the cure
+        types += [botocore.ConnectionError, botocore.HTTPClientError, botocore.IncompleteReadError,
+                  botocore.FlexibleChecksumError, botocore.ChecksumError]
+    if (urllib3 := _loaded("urllib3.exceptions")) is not None:
+        types += [urllib3.ProtocolError, urllib3.TimeoutError]
+    if (google := _loaded("google.auth.exceptions")) is not None:
+        types += [google.TransportError]
+    return tuple(types)
+
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether retrying ``exc`` may succeed: network errors, timeouts, 5xx, 408 and 429."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:  # s3fs and fsspec wrap the original error
-        seen.add(id(exc))
-        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+    """Whether retrying ``exc`` may succeed: network errors, timeouts, a damaged body, 5xx, 408 and 429.
+
+    Decided from the exception types of Python and of the storage backends
+    (aiohttp, botocore, urllib3, google-auth), looking through the errors s3fs
+    and fsspec wrap them in; an HTTP status, where one is carried, decides first.
+    """
+    permanent, transient = _permanent_types(), _transient_types()
+    for error in _chain(exc):
+        if isinstance(error, permanent):
             return False
-        status = status_of(exc)
+        status = status_of(error)
         if status is not None:
             return (status >= 500 and status not in (501, 505)) or status in (408, 429)
-        code = getattr(exc, "response", None)
-        if isinstance(code, dict) and code.get("Error", {}).get("Code") in _THROTTLE_CODES:
+        response = getattr(error, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") in _THROTTLE_CODES:
             return True
-        if isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError, EOFError, ShortRead)):
+        if isinstance(error, transient):
             return True
-        name = type(exc).__name__
-        if name.endswith(("ConnectionError", "Timeout", "TimeoutError", "Disconnected", "PayloadError",
-                          "ServerDisconnectedError", "ConnectionClosedError", "IncompleteRead")):
-            return True
-        exc = exc.__cause__ or exc.__context__
     return False
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """Why the host of ``exc`` cannot be reached at all (connection refused, no route, unknown
+    name), or None if the error is of another kind."""
+    for error in _chain(exc):
+        if isinstance(error, socket.gaierror):
+            return "unknown host name"
+        os_error = getattr(error, "os_error", None)  # aiohttp.ClientConnectorError keeps the OSError
+        for candidate in (error, os_error):
+            if isinstance(candidate, OSError) and candidate.errno in _UNREACHABLE_ERRNOS:
+                return {errno.ECONNREFUSED: "connection refused"}.get(candidate.errno, "no route to host")
+    return None
 
 
 def describe(exc: BaseException) -> str:
@@ -132,6 +208,7 @@ class Remote:
         self.part_size = int(part_size)
         self.parallel = max(1, int(parallel))
         self._fs = None
+        self._fs_pid = 0
         self._path = ""
         self._lock = threading.Lock()
         self._rng = random.Random()
@@ -139,13 +216,18 @@ class Remote:
         self._local = threading.local()  # .cancel: the event that stops this thread's requests (see cancelled_by)
         self._cancels: weakref.WeakSet[threading.Event] = weakref.WeakSet()
         self.retries = 0  # transient failures retried, over this object's life
+        self.reached = False  # a request has succeeded: an unreachable host is an outage, not a wrong URL
+        self.ranges = True  # False once the server was seen to ignore Range requests: whole-object GETs
 
     def __getstate__(self) -> dict:
         return {"url": self.url, "storage_options": self.storage_options, "retry": self.retry,
-                "part_size": self.part_size, "parallel": self.parallel}
+                "part_size": self.part_size, "parallel": self.parallel, "reached": self.reached,
+                "ranges": self.ranges}
 
     def __setstate__(self, state: dict) -> None:
+        reached, ranges = state.pop("reached", False), state.pop("ranges", True)
         self.__init__(**state)
+        self.reached, self.ranges = reached, ranges
 
     def __repr__(self) -> str:
         return f"Remote({self.url!r})"
@@ -156,11 +238,13 @@ class Remote:
 
     @property
     def fs(self):
-        """The fsspec file system (made on first use: importing a backend can be slow)."""
-        if self._fs is None:
+        """The fsspec file system (made on first use: importing a backend can be slow; made again
+        in a forked child, as fsspec's async clients are not fork-safe)."""
+        if self._fs is None or self._fs_pid != os.getpid():
             with self._lock:
-                if self._fs is None:
+                if self._fs is None or self._fs_pid != os.getpid():
                     self._fs, self._path = self._make_fs()
+                    self._fs_pid = os.getpid()
         return self._fs
 
     def _make_fs(self):
@@ -232,7 +316,12 @@ class Remote:
     # ------------------------------------------------------------------ requests with retries
 
     def call(self, what: str, url: str, fn: Callable[[], T]) -> T:
-        """``fn()`` with retries of transient failures; ``what`` and ``url`` name it in errors."""
+        """``fn()`` with retries of transient failures; ``what`` and ``url`` name it in errors.
+
+        A host that cannot be reached (connection refused, no route, unknown
+        name) fails at once while nothing has ever succeeded here (a wrong URL or
+        port), and is retried after that (an outage, a restart).
+        """
         errors: list[str] = []
         stop = getattr(self._local, "cancel", None) or self._stop
         for attempt in range(1, self.retry.attempts + 1):
@@ -240,8 +329,17 @@ class Remote:
                 raise Cancelled(f"{what} {url}: cancelled (the loader or dataset was closed)"
                                 + (f" after {attempt - 1} attempt(s): {errors[-1]}" if errors else ""))
             try:
-                return fn()
+                result = fn()
+            except RangeIgnored:
+                self.reached = True
+                raise  # an answer, not a failure: download() uses it
             except Exception as exc:
+                reason = None if self.reached else unreachable(exc)
+                if reason is not None:
+                    raise RemoteError(
+                        f"{what} {url}: cannot connect, {reason} ({describe(exc)}); not retried, as nothing "
+                        "was ever reached there: check the host, the port and that the server is running"
+                    ) from exc
                 if not is_transient(exc):
                     if isinstance(exc, FileNotFoundError):
                         raise NotFound(f"{what} {url}: not found (HTTP 404 / no such object). Check the URL and that the dataset was written completely") from None
@@ -252,6 +350,9 @@ class Remote:
                 with self._lock:
                     self.retries += 1
                 stop.wait(self.retry.delay(attempt, self._rng))  # cut short by close() or the thread's cancel event
+            else:
+                self.reached = True
+                return result
         raise RemoteError(
             f"{what} {url} failed after {len(errors)} attempts; last error: {errors[-1]}"
             + (f"; earlier: {'; '.join(dict.fromkeys(errors[:-1]))}" if len(errors) > 1 else "")
@@ -272,6 +373,8 @@ class Remote:
         def get() -> bytes:
             with inflight.track("GET", url, start, length):
                 data = self.fs.cat_file(path, start=start, end=start + length)  # keywords: s3fs takes version_id second
+            if len(data) > length:
+                raise RangeIgnored(url, data)  # fsspec does not check for 206: a 200 sends everything
             if len(data) != length:
                 raise ShortRead(f"got {len(data)} of {length} bytes")
             return data
@@ -282,26 +385,45 @@ class Remote:
         """Write object ``name`` (``size`` bytes) into the existing file ``dest``.
 
         Objects larger than ``part_size`` are fetched as parallel byte ranges on
-        ``pool`` (each range retried on its own); smaller ones in one request.
+        ``pool`` (each range retried on its own); smaller ones in one request. A
+        server that answers a range with the whole object (no Range support, such
+        as ``python -m http.server``) gets whole-object requests from then on.
         """
         path, url = self.path(name), join(self.url, name)
         cancel = getattr(self._local, "cancel", None)  # the byte ranges run on pool threads: pass it on
         fd = os.open(dest, os.O_WRONLY)
         try:
             parts = [(start, min(self.part_size, size - start)) for start in range(0, size, self.part_size)] or [(0, 0)]
+            if len(parts) == 1 or not self.ranges:
+                with self.cancelled_by(cancel):
+                    os.pwrite(fd, self._whole(path, url, size), 0)
+                return
 
             def fetch(part: tuple[int, int]) -> None:
                 start, length = part
                 with self.cancelled_by(cancel):
-                    data = self._range(path, url, start, length) if len(parts) > 1 else self._whole(path, url, size)
-                os.pwrite(fd, data, start)
+                    os.pwrite(fd, self._range(path, url, start, length), start)
 
-            if len(parts) == 1 or pool is None:
-                for part in parts:
-                    fetch(part)
-            else:
-                for future in [pool.submit(fetch, part) for part in parts]:
-                    future.result()
+            futures = [pool.submit(fetch, part) for part in parts] if pool is not None else None
+            errors: list[BaseException] = []
+            for k, part in enumerate(parts):
+                try:
+                    futures[k].result() if futures is not None else fetch(part)
+                except RangeIgnored as exc:
+                    errors.append(exc)
+                except BaseException as exc:
+                    errors.append(exc)
+            whole = next((e for e in errors if isinstance(e, RangeIgnored)), None)
+            if whole is not None:
+                if self.ranges:
+                    log.info("chute: %s; downloading whole objects from %s from now on", whole, self.url)
+                self.ranges = False
+                if len(whole.data) != size:
+                    raise RemoteError(f"GET {url}: the server sent {len(whole.data):,} bytes, the manifest says {size:,}; "
+                                      "the remote copy does not match the dataset's manifest: write the dataset again")
+                os.pwrite(fd, whole.data, 0)
+            elif errors:
+                raise errors[0]
         finally:
             os.close(fd)
 

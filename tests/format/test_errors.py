@@ -32,6 +32,10 @@ def _rewrite_manifest(path, change) -> None:
 
 
 def _leftovers(path) -> list[str]:
+    """What a write left in ``path`` besides a committed dataset's lock file (a failed write
+    removes the folder it made)."""
+    if not os.path.exists(path):
+        return []
     return sorted(n for n in os.listdir(path) if n != LOCK_NAME)
 
 
@@ -139,10 +143,13 @@ def test_truncated_shard_with_doctored_manifest_caught_at_first_read(tmp_path):
     os.truncate(tmp_path / "ds" / info.file, info.bytes // 2)
     _rewrite_manifest(tmp_path / "ds", lambda m: m["shards"][0].update(bytes=info.bytes // 2))
     reopened = chute.open(tmp_path / "ds")  # sizes agree: open is O(shards) and does not read data
-    with pytest.raises(chute.ShardError, match=f"{info.file} is not a readable Arrow IPC file"):
-        reopened.get_batch([0])
+    with pytest.raises(chute.ShardError, match=f"{info.file} .* has checksum .* the manifest says"):
+        reopened.get_batch([0])  # verified when first read
     with pytest.raises(chute.ShardError, match="checksum"):
         reopened.verify()
+    unverified = chute.open(tmp_path / "ds", verify=False)  # structure only: still refused
+    with pytest.raises(chute.ShardError, match=f"{info.file} is not a readable Arrow IPC file"):
+        unverified.get_batch([0])
 
 
 def test_corrupted_byte_caught_by_verify(tmp_path):
@@ -181,8 +188,10 @@ def test_shard_from_another_dataset_is_refused(tmp_path):
     os.replace(tmp_path / "b" / b_manifest["shards"][0]["file"], tmp_path / "a" / a.shards[0].file)
     _rewrite_manifest(tmp_path / "a", lambda m: m["shards"][0].update(bytes=b_manifest["shards"][0]["bytes"]))
     assert a_manifest["shards"][0]["file"] == a.shards[0].file
+    with pytest.raises(chute.ShardError, match="another shard's file is in its place"):
+        chute.open(tmp_path / "a").get_batch([0])  # its checksum
     with pytest.raises(chute.ShardError, match="does not belong to this dataset"):
-        chute.open(tmp_path / "a").get_batch([0])
+        chute.open(tmp_path / "a", verify=False).get_batch([0])  # its schema
 
 
 # ----------------------------------------------------------------------------- atomic writes

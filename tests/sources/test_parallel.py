@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 
 import pytest
 from source_data import no_dataset_at, write_pickle_index
@@ -83,3 +85,79 @@ def test_interrupt_while_writing_stops_the_readers_and_leaves_no_dataset(tmp_pat
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)  # the readers finish the chunk in hand, then exit
     assert not multiprocessing.active_children()
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _exited_within(pid: int, seconds: float) -> bool:
+    """Block until process ``pid`` exits (a process file descriptor: a wait, not a poll), at most ``seconds``."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open") or not os.path.isdir("/proc"), reason="needs Linux (/proc, pidfd)")
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_reader_processes_exit_when_convert_is_killed(tmp_path, start_method):
+    """`chute convert --workers 2` killed with SIGKILL while its readers work: they exit too."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    import numpy as np
+
+    src = tmp_path / "images"
+    (src / "cat").mkdir(parents=True)
+    for k in range(20):
+        (src / "cat" / f"{k:02d}.png").write_bytes(np.random.default_rng(k).bytes(100))
+    stuck = src / "cat" / "10-stuck.png"
+    os.mkfifo(stuck)  # a read that blocks until the test writes: the convert is mid-run when killed
+    code = ("import multiprocessing, sys; multiprocessing.set_start_method(sys.argv[1]); "
+            "from chute.cli import main; sys.argv = ['chute', *sys.argv[2:]]; main()")
+    convert = subprocess.Popen(
+        [sys.executable, "-c", code, start_method, "convert", str(src), str(tmp_path / "out"), "--kind", "images",
+         "--workers", "2", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    writer: list[int] = []
+    opener = threading.Thread(target=lambda: writer.append(os.open(stuck, os.O_WRONLY)), daemon=True)
+    opener.start()
+    try:
+        opener.join(120)  # returns once a reader process has opened the pipe
+        assert writer, convert.stderr.read() if convert.poll() is not None else "no reader opened the file"
+        readers = _children(convert.pid)
+        assert len(readers) >= 2, readers
+        convert.send_signal(signal.SIGKILL)
+        convert.wait(30)
+        left = [pid for pid in readers if not _exited_within(pid, 30)]
+        assert left == [], f"reader processes {left} outlived the killed convert"
+    finally:
+        if convert.poll() is None:
+            convert.kill()
+        for fd in writer:
+            os.close(fd)
+        if not writer:  # unblock the opener thread
+            with contextlib.suppress(OSError):
+                os.close(os.open(stuck, os.O_RDONLY | os.O_NONBLOCK))
+    assert not (tmp_path / "out" / "manifest.json").exists()

@@ -242,3 +242,25 @@ def test_the_stated_minimum_bounds_every_epoch(batch_size, world_size):
     needs = [resident_bytes(order.shard_uses(epoch, world_size, 0), sizes) for epoch in range(60)]
     assert max(needs) <= bound
     assert bound <= sum(sizes)
+
+
+def test_a_cached_copy_damaged_after_its_download(http_server, tmp_path):
+    write_dataset(str(http_server.root / "ds"), n=400)
+    url = http_server.url + "ds"
+    cache_dir = tmp_path / "cache"
+    first = chute.open(url, cache_dir=cache_dir)
+    want = first[5]["x"].clone()
+    path = first.cache.path(0)
+    first.close()
+    with open(path, "r+b") as f:
+        f.seek(first.shards[0].bytes // 2)
+        byte = f.read(1)[0]
+        f.seek(first.shards[0].bytes // 2)
+        f.write(bytes([byte ^ 0x5A]))  # the disk, or a user, changed the cached copy
+    again = chute.open(url, cache_dir=cache_dir)  # another run: the copy looks complete
+    with pytest.raises(chute.ShardError, match=f"{first.shards[0].file} .*has checksum"):
+        again[5]
+    with pytest.raises(chute.ShardError, match="checksum"):
+        again.verify()
+    os.unlink(path)  # what the message says to do: the next read downloads it again
+    assert np.array_equal(chute.open(url, cache_dir=cache_dir)[5]["x"], want)

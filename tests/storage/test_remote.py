@@ -292,3 +292,83 @@ def test_resume_from_a_remote_state_equals_the_local_rest(http_server, served, r
     assert_same_epoch(rest, {name: parts[1] for name, parts in whole.items()})
     assert resumed.epoch == 1
     assert chute_threads() == []
+
+
+# ---------------------------------------------------------------------------
+# Classification of errors: what is retried, what fails at once
+# ---------------------------------------------------------------------------
+
+
+def test_a_corrupted_s3_response_is_downloaded_again(moto_s3, s3_bucket, s3_proxy, reference, tmp_path):
+    """botocore checks a whole object against the CRC stored at upload and raises its own
+    FlexibleChecksumError: a damaged transfer, retried like one (as over HTTP)."""
+    from tests.servers import s3_storage_options
+
+    _, want = reference
+    url = s3_bucket + "/ds"
+    write_dataset(url)
+    ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=s3_storage_options(s3_proxy.endpoint_url))
+    fast_retries(ds)
+    s3_proxy.corrupt(r"shard-\d+", times=2)
+    assert_same_epoch(epoch_columns(loader(ds)), want[0])
+    stats = ds.cache.stats()
+    assert stats["retries"] == 2 and stats["shards_downloaded"] == len(ds.shards)
+    assert part_files(str(tmp_path / "cache")) == []
+
+
+def test_backend_errors_are_classified_by_their_types():
+    import aiohttp
+    import botocore.exceptions as boto
+
+    from chute.storage.remote import ShortRead, is_transient, unreachable
+
+    wrapped = OSError("s3fs wraps it")
+    wrapped.__cause__ = boto.FlexibleChecksumError(error_msg="CRC32 mismatch")
+    for transient in (boto.FlexibleChecksumError(error_msg="x"), boto.ReadTimeoutError(endpoint_url="u"),
+                      boto.EndpointConnectionError(endpoint_url="u"), boto.IncompleteReadError(actual_bytes=1, expected_bytes=2),
+                      aiohttp.ServerDisconnectedError(), aiohttp.ClientPayloadError("cut"), ShortRead("short"),
+                      ConnectionResetError(), TimeoutError(), wrapped):
+        assert is_transient(transient), transient
+    for permanent in (FileNotFoundError("x"), PermissionError("x"), boto.NoCredentialsError(), ValueError("bad url"),
+                      boto.ParamValidationError(report="x"), KeyError("x")):
+        assert not is_transient(permanent), permanent
+    refused = aiohttp.ClientConnectorError(None, ConnectionRefusedError(111, "Connection refused"))
+    assert unreachable(refused) == "connection refused" and is_transient(refused)  # an outage after success
+    assert unreachable(aiohttp.ServerDisconnectedError()) is None
+
+
+def test_a_server_that_refuses_connections_from_the_start_fails_at_once(http_server, tmp_path):
+    from chute.storage.remote import Remote
+
+    url = http_server.url + "ds"
+    http_server.stop()  # nothing listens on that port
+    remote = Remote(url)
+    with pytest.raises(chute.RemoteError) as info:
+        remote.read("manifest.json")
+    message = str(info.value)
+    assert f"{url}/manifest.json" in message and "cannot connect" in message and "not retried" in message
+    assert "connection refused" in message
+    assert remote.retries == 0
+    with pytest.raises(chute.RemoteError, match="cannot connect"):
+        chute.open(url, cache_dir=tmp_path / "cache")
+
+
+def test_a_server_that_ignores_range_requests_gets_whole_object_downloads(http_server, served, reference, tmp_path, caplog):
+    """Like `python -m http.server`: a ranged GET is answered 200 with the whole file."""
+    import logging
+
+    _, want = reference
+    http_server.ignore_range("shard")
+    ds = chute.open(served, cache_dir=tmp_path / "cache")
+    ds.cache.remote.part_size = 4096  # every ~21 KB shard would be fetched as ranges
+    with caplog.at_level(logging.INFO, logger="chute"):
+        assert_same_epoch(epoch_columns(loader(ds)), want[0])
+    stats = ds.cache.stats()
+    assert stats["retries"] == 0 and stats["checksum_failures"] == 0
+    assert ds.cache.remote.ranges is False
+    gets = shard_gets(http_server)
+    # the first shard(s) asked in ranges found out; every later shard came in one request
+    assert sum(gets.values()) <= len(ds.shards) + 6 * ds.cache.remote.parallel
+    assert sum(1 for n in gets.values() if n == 1) >= len(ds.shards) - ds.cache.remote.parallel
+    assert any("ignored a Range request" in r.getMessage() for r in caplog.records)
+    assert part_files(str(tmp_path / "cache")) == []
