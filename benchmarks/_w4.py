@@ -13,9 +13,9 @@ w4`` runs them:
   limit-1        a plain loop over the images on one core (no batching)
   limit-2proc    the same loop split over 2 processes (multiprocessing): the two-core limit
   torch-2        torch DataLoader(num_workers=2, batch 256) over a map Dataset of the same bytes
-  chute-2        chute.Loader(num_threads=2), the decode in the per-sample transform
-  chute-auto     chute.Loader(num_threads=None): the autotuner picks
-  chute-proc2    chute.Loader(workers="processes", num_threads=2)
+  chute-2        chute.Loader(workers=2), the decode in the per-sample transform
+  chute-auto     chute.Loader(): the autotuner picks
+  chute-proc2    chute.Loader(workers=chute.Workers("processes", count=2))
 """
 
 from __future__ import annotations
@@ -181,8 +181,8 @@ def measure(config: str, data_dir: str, epochs: int) -> dict:
             loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=2)
             count = lambda b: len(b[1])  # noqa: E731
         else:
-            kwargs = {"chute-2": dict(num_threads=2), "chute-auto": dict(num_threads=None),
-                      "chute-proc2": dict(num_threads=2, workers="processes")}[config]
+            kwargs = {"chute-2": dict(workers=2), "chute-auto": dict(),
+                      "chute-proc2": dict(workers=chute.Workers("processes", count=2))}[config]
             made = time.perf_counter()
             loader = chute.Loader(ds, BATCH, shuffle=True, seed=0, transform=decode_sample, **kwargs)
             count = lambda b: len(b["label"])  # noqa: E731

@@ -1,22 +1,30 @@
-"""Whole-loader throughput: chute.Loader vs torch's DataLoader vs the in-RAM gather limit.
+"""Whole-loader throughput: chute.Loader against the best way to do the same job on this machine, and torch's DataLoader.
 
 Shuffled epochs, data in the page cache. Every configuration runs in a fresh
-subprocess (so peak RSS and CPU time are its own), --repeats times; the table
-shows medians and ratios measured in the same run.
+subprocess (so its peak RSS, CPU time and first batch are its own), --repeats
+times, round-robin (load that drifts during the run hits every configuration
+alike); the tables show medians and ratios between medians of the same run.
 
-  W1  MISSION.md section 1: 20,000 pickled dicts, batch 64 (chute: converted; torch: the .pkl.gz files)
+  W1  20,000 pickled dicts (ten 5-digit str keys -> str values each), batch 64: chute reads the
+      converted dataset (as dicts, and as a columnar batch), torch's DataLoader the .pkl.gz files
   W2  200,000 uint8[3,32,32] + int64 labels, batch 256
   W3  2,000 float32 records of 1 MiB, batch 8
   W4  20,000 JPEGs of 256x256, Pillow decode + random crop to 224 (benchmarks/_w4.py), batch 256
 
-    python benchmarks/loader.py --data-dir bench-data
-    python benchmarks/loader.py --only w2 --repeats 3
+The limits ("the best known way to do that job on this machine"):
+  W2  numpy fancy indexing x[idx] of the whole array held in RAM, one random batch at a time
+  W3  the same random 1 MiB rows read from the page cache with os.preadv into a page-aligned
+      buffer reused for every batch; and, for scale, memcpy of 1 GiB in RAM (np.copyto)
+
+    python benchmarks/loader.py --data-dir bench-data --repeats 5
+    python benchmarks/loader.py --only w2 --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import resource
 import statistics
@@ -28,51 +36,67 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 CONFIGS = {
-    "w2": ["limit", "chute", "chute-1thread", "torch-0", "torch-2"],
-    "w3": ["limit", "chute", "chute-1thread", "torch-0", "torch-2"],
-    "w1": ["chute", "torch-0", "torch-2"],
+    "w2": ["limit", "chute", "chute-t1", "chute-t2", "torch-0", "torch-2"],
+    "w3": ["limit-read", "limit-memcpy", "chute", "chute-t1", "torch-0", "torch-2"],
+    "w1": ["chute", "chute-columnar", "torch-0", "torch-2"],
+    "w4": ["limit-1", "limit-2proc", "torch-2", "chute-2", "chute-auto", "chute-proc2"],
+    "w2tune": ["chute-auto", "chute-t1", "chute-t2", "chute-t4"],  # the autotuner against hand-picked thread counts
 }
-CONFIGS["w4"] = ["limit-1", "limit-2proc", "torch-2", "chute-2", "chute-auto", "chute-proc2"]
-BATCH = {"w1": 64, "w2": 256, "w3": 8, "w4": 256}
-# issue 6: W2 with the autotuner (num_threads=None) against hand-picked thread counts, same run
-CONFIGS["w2tune"] = ["chute-auto", "chute-t1", "chute-t2", "chute-t4"]
-BATCH["w2tune"] = 256
+BATCH = {"w1": 64, "w2": 256, "w3": 8, "w4": 256, "w2tune": 256}
+LABELS = {
+    "limit": "numpy x[idx], whole array in RAM (the limit)",
+    "limit-read": "os.preadv into an aligned buffer, page cache (the limit)",
+    "limit-memcpy": "memcpy of 1 GiB in RAM (for scale)",
+    "chute": "chute Loader, default (autotuned threads)",
+    "chute-columnar": "chute Loader, columnar=True (Arrow arrays)",
+    "chute-t1": "chute Loader, workers=1",
+    "chute-t2": "chute Loader, workers=2",
+    "torch-0": "torch DataLoader, num_workers=0",
+    "torch-2": "torch DataLoader, num_workers=2",
+}
 
 
 def _first(batch):
     return batch
 
 
+def _count(batch) -> int:
+    if isinstance(batch, dict):
+        value = next(iter(batch.values()))
+        return len(value)
+    if isinstance(batch, (list, tuple)) and batch and hasattr(batch[0], "shape"):
+        return len(batch[0])
+    return len(batch)
+
+
 def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
     """Run one configuration in this process; return its figures."""
-    import numpy as np
-    import torch
-
-    import chute
-    from _data import MemmapDataset, array_dataset, pickle_dataset
-
     if workload == "w4":
         from _w4 import measure as measure_w4
 
         return measure_w4(config, data_dir, epochs)
     if workload == "w2tune":
         return measure_tune(config, data_dir, epochs)
+    import numpy as np
+    import torch
+
+    import chute
+    from _data import MemmapDataset, array_dataset, pickle_dataset
+
     batch = BATCH[workload]
     if workload == "w1":
         ds, index = pickle_dataset(data_dir)
-        row_bytes = ds.nbytes / len(ds)
     else:
         ds, raw = array_dataset(workload, data_dir)
-        row_bytes = ds.nbytes / len(ds)
-    rss_per_epoch = []
-    cpu0, start = os.times(), time.perf_counter()
+    row_bytes = ds.nbytes / len(ds)
+    settings = ""
     first_batch = None
     samples = 0
-    if config == "limit":  # numpy fancy indexing of the same data held in RAM
+    cpu0 = os.times()
+    if config == "limit":  # W2: numpy fancy indexing of the same data held in RAM
         data = np.array(np.load(raw, mmap_mode="r"))
         labels = np.arange(len(data))
         start = time.perf_counter()
-        cpu0 = os.times()
         for epoch in range(epochs):
             order = np.random.default_rng(epoch).permutation(len(data))
             for a in range(0, len(order), batch):
@@ -80,15 +104,47 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
                 data[idx], labels[idx]
                 samples += len(idx)
                 first_batch = first_batch or time.perf_counter() - start
-            rss_per_epoch.append(_rss_mb())
-    elif config.startswith("chute"):
+    elif config == "limit-read":  # W3: random rows read from the page cache into one aligned buffer
+        array = np.load(raw, mmap_mode="r")
+        header, rows, row = array.offset, len(array), array[0].nbytes
+        buffer = mmap.mmap(-1, batch * row)  # page-aligned, reused for every batch
+        views = [memoryview(buffer)[i * row : (i + 1) * row] for i in range(batch)]
+        fd = os.open(raw, os.O_RDONLY)
         start = time.perf_counter()
-        loader = chute.Loader(ds.root, batch, shuffle=True, seed=0, workers=1 if config.endswith("1thread") else None)
         for epoch in range(epochs):
-            for b in loader:
-                samples += len(b["label"] if "label" in b else b["x"] if "x" in b else b["data"])
+            order = np.random.default_rng(epoch).permutation(rows)
+            for a in range(0, rows, batch):
+                for view, i in zip(views, order[a : a + batch].tolist()):
+                    os.preadv(fd, [view], header + i * row)
+                samples += len(order[a : a + batch])
                 first_batch = first_batch or time.perf_counter() - start
-            rss_per_epoch.append(_rss_mb())
+        os.close(fd)
+    elif config == "limit-memcpy":  # memory bandwidth: 1 GiB copies in RAM
+        src = np.ones(1 << 30, np.uint8)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)
+        rows_per_gib = (1 << 30) / row_bytes
+        start = time.perf_counter()
+        for _ in range(3 * epochs):
+            np.copyto(dst, src)
+            samples += int(rows_per_gib)
+        first_batch = 0.0
+    elif config.startswith("chute"):
+        kwargs: dict = {}
+        if config == "chute-t1":
+            kwargs["workers"] = 1
+        elif config == "chute-t2":
+            kwargs["workers"] = 2
+        elif config == "chute-columnar":
+            kwargs["columnar"] = True
+        start = time.perf_counter()
+        loader = chute.Loader(ds.root, batch, shuffle=True, seed=0, **kwargs)
+        for _ in range(epochs):
+            for b in loader:
+                samples += _count(b)
+                first_batch = first_batch or time.perf_counter() - start
+        report = loader.report(since="start").settings
+        settings = f"threads {report['num_threads']}, prefetch {report['prefetch']}" + (" (autotuned)" if report["autotune"] else "")
         loader.close()
     else:
         workers = int(config.split("-")[1])
@@ -96,20 +152,18 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
             from chute.demo import PickleFilesDataset
 
             dataset = PickleFilesDataset(index)
-            kwargs = dict(collate_fn=_first)
+            kwargs = dict(collate_fn=list)  # the samples as they are: dicts
         else:
             dataset = MemmapDataset(raw, label=workload == "w2")
             kwargs = {}
         start = time.perf_counter()
-        loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, **kwargs)
-        limit = 5_000 if workload == "w1" else None  # the pickle files are slow: a sample of the epoch
-        for epoch in range(epochs):
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
+                                             persistent_workers=workers > 0, **kwargs)
+        for _ in range(epochs):
             for b in loader:
-                samples += len(b[0]) if isinstance(b, list) and isinstance(b[0], torch.Tensor) else len(b)
+                samples += _count(b)
                 first_batch = first_batch or time.perf_counter() - start
-                if limit and samples >= limit * (epoch + 1):
-                    break
-            rss_per_epoch.append(_rss_mb())
+        settings = f"batch_size={batch}, num_workers={workers}" + (", persistent_workers" if workers else "")
     elapsed = time.perf_counter() - start
     cpu1 = os.times()
     cpu = (cpu1.user + cpu1.system + cpu1.children_user + cpu1.children_system) - (
@@ -118,15 +172,15 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
     return {
         "samples_per_s": samples / elapsed,
         "mb_per_s": samples * row_bytes / elapsed / 1e6,
-        "first_batch_s": first_batch,
+        "first_batch_s": first_batch or 0.0,
         "peak_rss_mb": _rss_mb(children=True),
-        "rss_per_epoch_mb": rss_per_epoch,
-        "cpu_s_per_1000": 1000 * cpu / samples,
+        "cpu_s_per_1000": 1000 * cpu / max(samples, 1),
+        "settings": settings,
     }
 
 
 def measure_tune(config: str, data_dir: str, epochs: int) -> dict:
-    """W2 through chute.Loader with the autotuner ("chute-auto") or ``num_threads`` N ("chute-tN")."""
+    """W2 through chute.Loader with the autotuner ("chute-auto") or ``workers=N`` ("chute-tN")."""
     import chute
     from _data import array_dataset
 
@@ -140,24 +194,40 @@ def measure_tune(config: str, data_dir: str, epochs: int) -> dict:
             samples += len(b["label"])
     elapsed = time.perf_counter() - start
     settings = loader.report().settings
-    return {
-        "samples_per_s": samples / elapsed, "threads": settings["num_threads"], "prefetch": settings["prefetch"],
-        "rss_per_epoch_mb": [],
-    }
+    return {"samples_per_s": samples / elapsed, "threads": settings["num_threads"], "prefetch": settings["prefetch"]}
 
 
 def print_tune(results: dict, repeats: int) -> None:
-    """The autotuner's throughput against the best hand-picked thread count (goal: >= 0.9x)."""
     rate = {c: r["samples_per_s"] for c, r in results.items()}
     best = max((c for c in rate if c != "chute-auto"), key=rate.get)
-    print(f"\nW2 autotuner vs hand-picked num_threads (batch {BATCH['w2tune']}, median of {repeats}, round-robin)")
+    print(f"\nW2 autotuner vs hand-picked workers (batch {BATCH['w2tune']}, median of {repeats}, round-robin)")
     print(f"  {'config':12s} {'samples/s':>11s} {'/best hand-picked':>18s} {'threads':>8s} {'prefetch':>9s}  runs")
     for c, r in results.items():
         print(
             f"  {c:12s} {rate[c]:11,.0f} {rate[c] / rate[best]:18.2f} {r['threads']:8.1f} {r['prefetch']:9.1f}  "
             f"{', '.join(f'{x:,.0f}' for x in r.get('runs', []))}"
         )
-    print(f"  autotuner / best hand-picked ({best}): {rate['chute-auto'] / rate[best]:.2f} (goal >= 0.9)")
+    print(f"  autotuner / best hand-picked ({best}): {rate['chute-auto'] / rate[best]:.2f}")
+
+
+def print_table(workload: str, results: dict, repeats: int, epochs: int) -> None:
+    torch_rates = [v["samples_per_s"] for k, v in results.items() if k.startswith("torch")]
+    best_torch = max(torch_rates) if torch_rates else None
+    limit_key = next((k for k in results if k in ("limit", "limit-read")), None)
+    limit = results[limit_key]["samples_per_s"] if limit_key else None
+    print(f"\n{workload.upper()} (batch {BATCH[workload]}, {epochs} shuffled epochs per run, median of {repeats} runs)")
+    print(f"  {'':58s} {'samples/s':>11s} {'MB/s':>8s} {'/limit':>7s} {'/torch':>7s} {'1st batch':>10s} {'CPU s/1k':>9s}  settings; runs")
+    for config, r in results.items():
+        ratio = f"{r['samples_per_s'] / limit:7.2f}" if limit else f"{'-':>7s}"
+        vs_torch = f"{r['samples_per_s'] / best_torch:7.1f}" if best_torch else f"{'-':>7s}"
+        print(
+            f"  {LABELS.get(config, config):58s} {r['samples_per_s']:11,.0f} {r['mb_per_s']:8,.0f} {ratio} {vs_torch} "
+            f"{r['first_batch_s']:9.3f}s {r['cpu_s_per_1000']:9.3f}  {r.get('settings', '')}; "
+            f"{', '.join(f'{x:,.0f}' for x in r['runs'])}"
+        )
+    chute = {k: v["samples_per_s"] for k, v in results.items() if k.startswith("chute")}
+    if "chute-t1" in chute and "chute-t2" in chute:
+        print(f"  2 threads / 1 thread: {chute['chute-t2'] / chute['chute-t1']:.2f}")
 
 
 def _rss_mb(children: bool = False) -> float:
@@ -171,8 +241,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default="bench-data")
     parser.add_argument("--only", choices=sorted(CONFIGS), action="append")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per run (chute: RSS is reported after each)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=2, help="shuffled epochs per run")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.makedirs(args.data_dir, exist_ok=True)
@@ -181,39 +251,32 @@ def main() -> None:
         return
     import torch
 
-    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPUs, median of {args.repeats} runs of {args.epochs} epoch(s)")
-    for workload in args.only or ["w2", "w2tune", "w3", "w1", "w4"]:
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+          f"median of {args.repeats} runs of {args.epochs} epoch(s)")
+    for workload in args.only or ["w2", "w3", "w1"]:
         runs: dict[str, list[dict]] = {config: [] for config in CONFIGS[workload]}
-        for _ in range(args.repeats):  # round-robin: load that drifts during the run hits every config alike
+        for _ in range(args.repeats):
             for config in CONFIGS[workload]:
                 out = subprocess.run(
                     [sys.executable, __file__, "--data-dir", args.data_dir, "--epochs", str(args.epochs), "--one", workload, config],
-                    capture_output=True, text=True, check=True,
+                    capture_output=True, text=True,
                 )
+                if out.returncode != 0:
+                    raise SystemExit(f"{workload} {config} failed:\n{out.stderr}")
                 runs[config].append(json.loads(out.stdout.strip().splitlines()[-1]))
         results = {}
         for config, done in runs.items():
-            results[config] = {k: statistics.median(r[k] for r in done) for k in done[0] if k != "rss_per_epoch_mb"}
-            results[config]["rss_per_epoch_mb"] = done[-1]["rss_per_epoch_mb"]
+            results[config] = {k: statistics.median(r[k] for r in done) for k in done[0] if isinstance(done[0][k], (int, float))}
+            results[config]["settings"] = done[-1].get("settings", "")
             results[config]["runs"] = [r["samples_per_s"] for r in done]
         if workload == "w4":
-            from _w4 import print_table
+            from _w4 import print_table as print_w4
 
-            print_table(results, args.repeats)
-            continue
-        if workload == "w2tune":
+            print_w4(results, args.repeats)
+        elif workload == "w2tune":
             print_tune(results, args.repeats)
-            continue
-        best_torch = max(v["samples_per_s"] for k, v in results.items() if k.startswith("torch"))
-        limit = results.get("limit", {}).get("samples_per_s")
-        print(f"\n{workload.upper()} (batch {BATCH[workload]})")
-        print(f"  {'config':16s} {'samples/s':>11s} {'MB/s':>8s} {'/limit':>7s} {'/best torch':>11s} {'1st batch':>10s} {'peak RSS':>9s} {'CPU s/1k':>9s}  RSS per epoch (MB)")
-        for config, r in results.items():
-            ratio = f"{r['samples_per_s'] / limit:7.2f}" if limit else f"{'-':>7s}"
-            print(
-                f"  {config:16s} {r['samples_per_s']:11,.0f} {r['mb_per_s']:8,.0f} {ratio} {r['samples_per_s'] / best_torch:11.1f} "
-                f"{r['first_batch_s']:9.3f}s {r['peak_rss_mb']:8,.0f}M {r['cpu_s_per_1000']:9.3f}  {[round(x) for x in r['rss_per_epoch_mb']]}"
-            )
+        else:
+            print_table(workload, results, args.repeats, args.epochs)
 
 
 if __name__ == "__main__":

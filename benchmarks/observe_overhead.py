@@ -2,7 +2,7 @@
 
 W2 (200,000 uint8[3,32,32] + int64 labels, batch 256) is the workload where the
 per-batch overhead shows most: thousands of batches/s on one thread, no
-transform. Two loaders, ``num_threads=1, prefetch=2`` (autotuner off in both,
+transform. Two loaders, ``workers=chute.Workers(count=1, prefetch=2)`` (autotuner off in both,
 so only the counters differ), one with counters on and one with
 ``chute.Loader(..., _counters=False)`` (no clock reads, no counters, no
 trace), run shuffled epochs in turn in one process (which goes first
@@ -40,52 +40,52 @@ def epoch(loader) -> tuple[float, float]:
 
 
 def per_batch_cost_ns(batch: dict, repeats: int = 7, n: int = 20_000) -> float:
-    """The counters' added work for one batch, replayed in a tight loop with the real functions (best of ``repeats``).
+    """The counters' added work for one batch, replayed in a tight loop with the real objects (best of ``repeats``).
 
-    Per batch a Loader with counters reads the clock 11 times (task: 2, load_batch: 4,
-    pool worker: 2, the loop: 2, plus the tuner check), sizes the gathered batch
-    (``nbytes_of``), counts the task (``record_batch``: order, read, transform
-    cells and three trace spans), updates the pool worker's cell, hands the row
-    count to the loop (``produced``) and counts the loop's side (two trace spans).
+    Per batch a Loader with counters reads the clock 4 times (the worker: start
+    and end of the task; the loop: when the batch arrives and when the loop asks
+    for the next), updates the order, read and transform cells and the worker's
+    cell, appends one trace record in the worker and one in the loop, and
+    updates the consumer's totals (``chute/pipeline/task.py``, ``threads.py``,
+    ``run.py``). Without counters, two of the clock reads remain (the task's
+    end, which the worker loop needs anyway, is not counted here).
     """
     from chute.observe.counters import Counters
-    from chute.observe.passes import LoaderMeter, record_batch
-    from chute.pipeline.batch import Loaded, _times, nbytes_of
 
     counters = Counters()
-    meter = LoaderMeter(counters)
     clock = time.perf_counter_ns
+    order, read, transform = counters.order.cell(), counters.read.cell(), counters.transform.cell()
     worker = counters.stage("workers").cell()
+    trace = counters.trace.append
     consumer = counters.consumer
+    rows, row_bytes = 256, 3080
     best = float("inf")
     for _ in range(repeats):
         t0 = clock()
+        idle = t0
+        called = t0
         for step in range(n):
-            began = clock()
-            ordered = clock()
-            read = counters.read.cell()
-            waited = read.wait_in_ns
             start = clock()
-            got = clock()
-            nbytes = nbytes_of(batch)
-            done = clock()
-            loaded = Loaded(batch, 256, [], _times((start, got - start, 0, 0, 0, nbytes, nbytes)))  # made anyway, times added
-            record_batch(counters, step, 256, loaded, (began, ordered), 0, read.wait_in_ns - waited)
             end = clock()
-            worker.busy_ns += end - done
-            worker.wait_out_ns += 1
+            order.items += rows
+            read.busy_ns += end - start
+            read.wait_in_ns += 0
+            read.items += rows
+            read.nbytes += row_bytes * rows
+            transform.nbytes += row_bytes * rows
+            trace(("task", 1, start, end, end, step, rows, 0))
+            worker.wait_out_ns += start - idle
+            worker.busy_ns += end - start
             worker.items += 1
-            meter.produced(step, loaded)
-            called = clock()
-            consumer.wait_ns += called - end
+            idle = end
+            got = clock()
+            consumer.wait_ns += got - called
             consumer.batches += 1
-            consumer.samples += meter.rows.pop(step, 0)
-            counters.trace.append(("wait", 1, end, called - end, step, 0))
-            after = clock()
-            consumer.compute_ns += after - called
-            counters.trace.append(("compute", 1, called, after - called, step, 0))
-            if after >= 1 << 62:
-                pass  # the tuner's check
+            consumer.samples += rows
+            done = clock()
+            consumer.compute_ns += done - got
+            trace(("loop", 2, called, got, done, step))
+            called = done
         best = min(best, (clock() - t0) / n)
     return best
 

@@ -84,7 +84,7 @@ def test_a_destination_that_cannot_be_created(capsys, index, tmp_path):
     (tmp_path / "a-file").write_text("not a folder")
     dst = str(tmp_path / "a-file" / "ds")
     line = _error(capsys, "convert", index, dst, "--workers", "0", "--quiet")
-    assert line == f"chute convert: error: cannot write the dataset to {dst}: {dst}: Not a directory"
+    assert line == f"chute convert: error: cannot create the dataset directory {dst}: Not a directory"
     assert (tmp_path / "a-file").read_text() == "not a folder"
 
 

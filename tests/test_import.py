@@ -31,7 +31,7 @@ def test_every_public_name_resolves_and_from_import_works():
     )
     assert set(out["names"]) >= {"Loader", "TorchIterable", "open", "write", "Dataset", "observe", "to_device", "ChuteError"}
     assert out["dir"] == []  # dir(chute) lists every public name
-    assert out["open"] == "chute.format.reader" and out["loader"] == "chute.pipeline.loader"
+    assert out["open"] == "chute.storage.open" and out["loader"] == "chute.pipeline.loader"
 
 
 def test_chute_observe_stays_the_function_after_its_subpackage_is_imported():

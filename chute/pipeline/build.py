@@ -35,13 +35,15 @@ def start(loader: Any, run: Pass) -> None:
     counters = loader.counters
     run.indices = BatchIndices(run.order, run.epoch, run.rank, run.world_size, run.start, None if counters is None else counters.order)
     run.channel = Channel(MAX_DEPTH)
+    # A remote dataset's shards are downloaded ahead and held by this process, also for worker
+    # processes: they read under this process's hold (and its share of a node cache).
+    run.fetcher = _fetcher(loader, run)
     if loader.workers.kind == "processes":
         run.executor = loader._process_pool().start_pass(run)
         _close_at_exit(run)
         return
     fns = loader.fns
     transform = None if fns.identity else Transform(fns, run.dataset, loader._pool, loader.order.seed)
-    run.fetcher = _fetcher(loader, run)
     run.task = BatchTask(run.indices, Gather(run.dataset, loader._pool, loader.columnar), transform, run.epoch, run.fetcher, counters)
     threads, depth = loader._threads_and_depth()
     from chute.pipeline.threads import ThreadExecutor

@@ -112,10 +112,14 @@ class ChuteDatasink(Datasink):
         self.abort()
 
     def abort(self) -> None:
-        """Delete what this write made (a previous dataset at the destination stays valid)."""
+        """Delete what this write made (a previous dataset at the destination stays valid).
+
+        The tasks' shards first, then the writer's own files: it removes the
+        destination folder too if it made it and nothing else is left in it.
+        """
+        self._sweep(keep=set())
         if self._writer is not None:
             self._writer.abort()
-        self._sweep(keep=set())
 
     def _check_visible(self, shards: list[ShardInfo]) -> None:
         """A local destination must be one file system for every node: check the driver sees each shard."""
