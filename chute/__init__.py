@@ -48,6 +48,9 @@ _EXPORTS = {
     "Watchdog": "chute.pipeline.config",
     "observe": "chute.observe.consumer",
     "mix": "chute.mixture",
+    "sample_rng": "chute.pipeline.randomness",
+    "sample_seed": "chute.pipeline.randomness",
+    "images": "chute.images",  # a subpackage: the name is the module itself
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -59,7 +62,8 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module 'chute' has no attribute {name!r}")
     module, _, attribute = target.partition(":")
-    value = getattr(importlib.import_module(module), attribute or name)
+    imported = importlib.import_module(module)
+    value = imported if module == f"{__name__}.{name}" else getattr(imported, attribute or name)
     globals()[name] = value  # later lookups do not come back here
     return value
 

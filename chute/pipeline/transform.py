@@ -19,6 +19,12 @@ naming the sample and shard, or is skipped (``on_error="skip"``). While a
 per-sample loop runs, the position of the sample being transformed is
 published in ``progress[worker]``, which the hang watchdog reads to name the
 sample a stuck transform is working on.
+
+Randomness (``chute.pipeline.randomness``): a batch-level transform draws
+from ``ctx.random(k)``; a per-sample function from ``chute.sample_rng()`` or
+``chute.sample_seed()``, which read the sample the loop publishes in its
+thread's :class:`~chute.pipeline.randomness.SampleScope`. Both depend only on
+``(seed, epoch, dataset row)``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from chute.format.reader import Dataset
 from chute.format.schema import Scalar
 from chute.pipeline.buffers import BlockPool
 from chute.pipeline.collate import Collate
+from chute.pipeline.randomness import scope, uniform
 
 
 class TransformError(ChuteError):
@@ -81,17 +88,46 @@ class BatchContext:
     ``seed`` those of the Loader. :meth:`take` gives an output block from the
     Loader's pool (reused once the user drops the batch; pinned when the
     Loader copies to a CUDA device): write results there instead of allocating.
+    :meth:`random` gives the batch's random numbers (a function of the rows,
+    not of the thread or the order batches are built in). A sample that cannot
+    be transformed is reported with :meth:`fail`: it is skipped or fails the
+    batch, as the Loader's ``on_error`` says.
     """
 
-    __slots__ = ("indices", "epoch", "seed", "pool")
+    __slots__ = ("indices", "epoch", "seed", "pool", "on_error", "skipped", "_describe")
 
-    def __init__(self, indices: np.ndarray, epoch: int, seed: int, pool: BlockPool) -> None:
+    def __init__(
+        self, indices: np.ndarray, epoch: int, seed: int, pool: BlockPool | None,
+        on_error: str = "raise", describe: Callable[[int], str] | None = None,
+    ) -> None:
         self.indices, self.epoch, self.seed, self.pool = indices, epoch, seed, pool
+        self.on_error = on_error
+        self.skipped: list[int] = []  # positions in the batch of the samples given up on
+        self._describe = describe
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype | np.dtype) -> torch.Tensor:
         """A tensor of ``shape`` and ``dtype`` to fill (its contents are undefined)."""
         np_dtype = dtype if isinstance(dtype, np.dtype) else torch.empty(0, dtype=dtype).numpy().dtype
+        if self.pool is None:
+            return torch.from_numpy(np.empty(tuple(shape), np.dtype(np_dtype)))
         return self.pool.take(tuple(shape), np.dtype(np_dtype))[1]
+
+    def random(self, k: int, stream: int = 0) -> np.ndarray:
+        """``float64[n, k]`` in [0, 1), row ``i`` a function of ``(seed, epoch, stream, indices[i])`` only."""
+        return uniform(self.seed, self.epoch, self.indices, k, stream)
+
+    def describe(self, j: int) -> str:
+        """Sample ``j`` of the batch for a message: its dataset row and shard."""
+        row = int(self.indices[j])
+        return self._describe(row) if self._describe is not None else f"sample {row}"
+
+    def fail(self, j: int, what: str, exc: BaseException | None = None) -> None:
+        """Sample ``j`` could not be transformed (``what`` says why): skip it, or raise a :class:`TransformError`."""
+        if self.on_error == "skip":
+            self.skipped.append(j)
+            return
+        cause = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+        raise TransformError(f"{what} for {self.describe(j)}{cause}. Pass on_error='skip' to skip such samples") from exc
 
 
 class Transform:
@@ -113,9 +149,12 @@ class Transform:
         began = clock()
         collate_ns = 0
         if fns.batched:
-            batch = fns.transform.transform_batch(batch, BatchContext(indices, epoch, self.seed, self.pool))
+            ctx = BatchContext(indices, epoch, self.seed, self.pool, fns.on_error, self.describe)
+            batch = fns.transform.transform_batch(batch, ctx)
+            if ctx.skipped:
+                skipped = [int(indices[j]) for j in ctx.skipped]
         elif fns.per_sample:
-            batch, skipped, collate_ns = self._per_sample(batch, indices, progress, w)
+            batch, skipped, collate_ns = self._per_sample(batch, indices, epoch, progress, w)
         per_sample = clock()
         if fns.batch_transform is not None and batch is not None:
             try:
@@ -129,7 +168,7 @@ class Transform:
         self.times = (per_sample - began - collate_ns, collate_ns, clock() - per_sample)
         return batch, skipped
 
-    def _per_sample(self, batch: dict[str, Any], indices: np.ndarray, progress: list[int], w: int) -> tuple[Any, list[int], int]:
+    def _per_sample(self, batch: dict[str, Any], indices: np.ndarray, epoch: int, progress: list[int], w: int) -> tuple[Any, list[int], int]:
         fns = self.fns
         samples = unbind(batch, self.scalars)
         rows = indices.tolist()
@@ -143,24 +182,28 @@ class Transform:
             kept, skipped = [], []
             add = kept.append if collate is None else collate.add
             skip = fns.on_error == "skip"
-            for j in range(len(samples)):
-                progress[w] = j
-                try:
-                    value = fn(samples[j])
-                except Exception as exc:
-                    if skip:
-                        skipped.append(rows[j])
-                        continue
-                    raise TransformError(
-                        f"transform {_name(fn)} failed on {self.describe(rows[j])}: {type(exc).__name__}: {exc}. "
-                        "Pass on_error='skip' to skip such samples"
-                    ) from exc
-                if collate is not None:
-                    collate.add(value)
-                else:
-                    add(value)
-                value = None  # with a streaming collate, the sample's copy is in the batch already
-            progress[w] = -1
+            sample = scope()  # what chute.sample_rng() reads: this batch's seed, epoch and rows, and the sample
+            sample.seed, sample.epoch, sample.rows = self.seed, epoch, rows
+            try:
+                for j in range(len(samples)):
+                    progress[w] = sample.j = j
+                    try:
+                        value = fn(samples[j])
+                    except Exception as exc:
+                        if skip:
+                            skipped.append(rows[j])
+                            continue
+                        raise TransformError(
+                            f"transform {_name(fn)} failed on {self.describe(rows[j])}: {type(exc).__name__}: {exc}. "
+                            "Pass on_error='skip' to skip such samples"
+                        ) from exc
+                    if collate is not None:
+                        collate.add(value)
+                    else:
+                        add(value)
+                    value = None  # with a streaming collate, the sample's copy is in the batch already
+            finally:
+                progress[w] = sample.j = -1
             if skipped and collate is not None:
                 kept_rows = [r for r in rows if r not in set(skipped)]
                 collate.origin = self._origin(kept_rows)

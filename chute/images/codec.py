@@ -1,0 +1,113 @@
+"""Decoding images: JPEG through simplejpeg (libjpeg-turbo, GIL released), anything else through Pillow.
+
+simplejpeg decodes into a buffer it is given, so each loader thread keeps one
+(:class:`Decoder`) and reuses it for every image: no allocation, no page
+faults per image. Its default is libjpeg-turbo's accurate integer DCT and
+smooth chroma upsampling, the same as Pillow's, so the pixels are Pillow's
+(tests/images/test_codec.py bounds the difference). ``fast=True`` switches to
+the fast DCT and upsampling (a few levels off on edges) and lets the decoder
+scale down by 1/2, 1/4 or 1/8 in the DCT when the output is that much smaller
+than the source box (what Pillow's ``draft`` does).
+
+Other formats (PNG, WebP, BMP, GIF, TIFF) and JPEGs simplejpeg does not
+handle (CMYK, YCCK) go through Pillow, which holds the GIL for part of the
+work. Everything comes out as RGB: grey and palette images are expanded,
+alpha is dropped. EXIF orientation is not applied (as torchvision's folder
+loaders do not).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import Any
+
+import numpy as np
+
+from chute.errors import ChuteError
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+_PILLOW_JPEG = ("CMYK", "YCCK")  # colour spaces simplejpeg cannot turn into RGB the way Pillow does
+
+
+class MissingCodecError(ChuteError):
+    """An image codec (the ``chute[images]`` extra) is not installed."""
+
+
+def simplejpeg() -> Any:
+    try:
+        import simplejpeg as module
+    except ImportError:
+        raise MissingCodecError(
+            "chute.images decodes JPEG with simplejpeg, which is not installed: pip install 'chute[images]'"
+        ) from None
+    return module
+
+
+def pillow() -> Any:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise MissingCodecError("chute.images decodes non-JPEG images with Pillow, which is not installed: pip install 'chute[images]'") from None
+    return Image
+
+
+def is_jpeg(data: Any) -> bool:
+    return bytes(memoryview(data)[:3]) == JPEG_MAGIC
+
+
+def image_size(data: Any) -> tuple[int, int]:
+    """``(height, width)`` of an encoded image, from its header (about 1 us for a JPEG)."""
+    if is_jpeg(data):
+        h, w, colour, _ = simplejpeg().decode_jpeg_header(data)
+        return int(h), int(w)
+    with pillow().open(io.BytesIO(data)) as img:
+        return img.height, img.width
+
+
+def decode_pillow(data: Any) -> np.ndarray:
+    """Pillow's RGB decode of ``data`` (a new ``uint8[h, w, 3]`` array): the reference pixels."""
+    with pillow().open(io.BytesIO(data)) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+class Decoder:
+    """Decodes into buffers that belong to the calling thread (one per thread, grown as needed)."""
+
+    def __init__(self, fast: bool = False) -> None:
+        self.fast = fast
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict:
+        return {"fast": self.fast}  # buffers stay with their threads
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None or buffer.nbytes < nbytes:
+            buffer = self._local.buffer = np.empty(max(nbytes, 1 << 18), dtype=np.uint8)
+        return buffer
+
+    def decode(self, data: Any, min_size: tuple[int, int] = (0, 0)) -> np.ndarray:
+        """``uint8[h, w, 3]`` RGB pixels of ``data``, valid until this thread's next call.
+
+        With ``fast``, a JPEG may come out scaled down by 1/2, 1/4 or 1/8, never
+        below ``min_size`` ``(height, width)``; the caller scales its box by the
+        shape it gets.
+        """
+        if is_jpeg(data):
+            codec = simplejpeg()
+            h, w, colour, _ = codec.decode_jpeg_header(data)
+            if colour not in _PILLOW_JPEG:
+                buffer = self._buffer(h * w * 3)
+                if self.fast and min(min_size) > 0:
+                    return codec.decode_jpeg(
+                        data, buffer=buffer, fastdct=True, fastupsample=True,
+                        min_height=int(min_size[0]), min_width=int(min_size[1]),
+                    )
+                if self.fast:
+                    return codec.decode_jpeg(data, buffer=buffer, fastdct=True, fastupsample=True)
+                return codec.decode_jpeg(data, buffer=buffer)
+        return decode_pillow(data)

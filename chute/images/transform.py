@@ -1,0 +1,223 @@
+"""The batch-level image transform: an image column decoded, cropped and laid out straight into the batch.
+
+``Decode(column, *ops)`` is a ``transform=`` object for :class:`chute.Loader`
+(``transform_batch(batch, ctx)``, chute.pipeline.transform): once per batch,
+in the worker, it
+
+1. reads each image's size (the JPEG header, about 1 us; stored pixels: their shape),
+2. plans every image's geometry from the ops, vectorised, with the batch's
+   random numbers ``ctx.random(k)`` (a function of ``(seed, epoch, row)``),
+3. takes one output block ``[n, 3, h, w]`` from the Loader's pool
+   (``ctx.take``: reused, pinned for a CUDA device),
+4. for each image: decodes it into the thread's reused buffer (simplejpeg,
+   GIL released), crops or resamples it, mirrors it, and writes it CHW
+   (normalised, with :class:`Normalize`) into its slot of the block,
+
+and returns the batch with the column replaced by the block. No per-image
+tensor, no collate copy. The other columns pass through.
+
+A column of stored pixels (``chute convert --decode``: ``uint8[3, h, w]``)
+skips step 1's header and step 4's decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from chute.images.codec import Decoder, image_size
+from chute.images.plan import CenterCrop, HorizontalFlip, Op, Plan, RandomCrop, RandomResizedCrop, Resize
+from chute.images.render import Normalize, Renderer
+
+#: ``BatchContext.random``'s stream for image geometry (other transforms of the batch use other streams).
+STREAM = 0x696D67
+
+
+class Decode:
+    """Decode the images of ``column`` and apply ``ops`` (geometry, then an optional :class:`Normalize` last).
+
+    The ops must give every image the same size (end with a crop or a
+    ``Resize((h, w))``); the column becomes ``uint8[n, 3, h, w]`` (or float
+    with :class:`Normalize`). ``fast=True``: libjpeg-turbo's fast DCT and
+    upsampling, and scaling down in the DCT when the output is at most half
+    the source box (docs/images.md).
+    """
+
+    def __init__(self, column: str, *ops: Op | Normalize, fast: bool = False) -> None:
+        if not isinstance(column, str):
+            raise TypeError(f"the image column must be a column name (str), got {column!r}")
+        normalize = None
+        geometry: list[Op] = []
+        for i, op in enumerate(ops):
+            if isinstance(op, Normalize):
+                if i != len(ops) - 1:
+                    raise ValueError("Normalize must be the last op: it sets the output's type, after the geometry")
+                normalize = op
+            elif isinstance(op, Op):
+                geometry.append(op)
+            else:
+                raise TypeError(
+                    f"op {i} of chute.images.Decode is a {type(op).__name__}; expected a chute.images op "
+                    "(Resize, CenterCrop, RandomCrop, RandomResizedCrop, HorizontalFlip, Normalize)"
+                )
+        sized = [op.size for op in geometry if op.size is not None]
+        last = max((i for i, op in enumerate(geometry) if op.size is not None), default=None)
+        if last is None or any(isinstance(op, Resize) and op.size is None for op in geometry[last + 1:]):
+            raise ValueError(
+                "chute.images.Decode needs ops that give every image of a batch the same size: end the geometry with "
+                "a crop (CenterCrop, RandomCrop, RandomResizedCrop) or Resize((height, width))"
+            )
+        self.column, self.ops, self.normalize, self.fast = column, tuple(geometry), normalize, bool(fast)
+        self.size: tuple[int, int] = sized[-1]
+        self.draws = sum(op.draws for op in geometry)
+        self.decoder = Decoder(self.fast)
+        self.renderer = Renderer(normalize)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The output's dtype: uint8, or :class:`Normalize`'s."""
+        return torch.uint8 if self.normalize is None else self.normalize.dtype
+
+    def __repr__(self) -> str:
+        ops = ", ".join(repr(op) for op in (*self.ops, *(() if self.normalize is None else (self.normalize,))))
+        return f"chute.images.Decode({self.column!r}, {ops}{', fast=True' if self.fast else ''})"
+
+    # ------------------------------------------------------------------ the batch
+
+    def plan(self, sizes: np.ndarray, ctx: Any) -> Plan:
+        """The geometry of every image of the batch (pure: sizes and the batch's random numbers in, a plan out)."""
+        plan = Plan.whole(sizes)
+        u = ctx.random(self.draws, STREAM) if self.draws else np.zeros((len(plan.out), 0))
+        at = 0
+        for op in self.ops:
+            plan = op.apply(plan, u[:, at:at + op.draws])
+            at += op.draws
+        return plan
+
+    def transform_batch(self, batch: dict[str, Any], ctx: Any) -> dict[str, Any] | None:
+        """The batch with ``column`` decoded into one block ``[n, 3, h, w]`` (see the module docstring)."""
+        if self.column not in batch:
+            raise KeyError(f"chute.images.Decode: the batch has no column {self.column!r} (its columns: {sorted(batch)})")
+        images, stored = _images(batch[self.column])
+        n = len(images)
+        sizes = np.ones((n, 2), dtype=np.int64)
+        for j in range(n):
+            try:
+                sizes[j] = images[j].shape[1:] if stored else image_size(images[j])
+            except Exception as exc:
+                ctx.fail(j, f"cannot read the image header in column {self.column!r}", exc)
+        plan = self.plan(sizes, ctx)
+        integral = plan.integral()
+        h, w = self.size
+        out = ctx.take((n, 3, h, w), self.dtype)
+        slots = out.numpy()
+        render, decode = self.renderer.render, self.decoder.decode
+        fast = self.fast and not stored
+        failed = set(ctx.skipped)
+        for j in range(n):
+            if j in failed:
+                continue
+            box = plan.box[j]
+            try:
+                if stored:
+                    pixels = images[j]
+                else:
+                    pixels = decode(images[j], _min_size(sizes[j], box, plan.out[j]) if fast else (0, 0))
+                    if pixels.shape[0] != sizes[j][0] or pixels.shape[1] != sizes[j][1]:  # scaled in the DCT
+                        box = box * np.array([pixels.shape[1] / sizes[j][1], pixels.shape[0] / sizes[j][0]] * 2)
+                        integral[j] = False
+                render(pixels, box, (h, w), bool(plan.flip[j]), bool(integral[j]), slots[j], chw=stored)
+            except Exception as exc:
+                ctx.fail(j, f"cannot decode the image in column {self.column!r}", exc)
+        batch = dict(batch)
+        batch[self.column] = out
+        if ctx.skipped:
+            return _without(batch, sorted(set(ctx.skipped)), n)
+        return batch
+
+
+def _images(column: Any) -> tuple[Sequence[Any], bool]:
+    """``(images, stored)``: the encoded images of a column (bytes, or zero-copy views of an Arrow array), or stored pixels."""
+    if isinstance(column, torch.Tensor):
+        if column.dim() != 4 or column.shape[1] != 3 or column.dtype != torch.uint8:
+            raise ValueError(
+                f"chute.images.Decode: a tensor column must hold decoded images as uint8[n, 3, h, w] "
+                f"(chute convert --decode), got {column.dtype} {tuple(column.shape)}"
+            )
+        return column.numpy(), True
+    if hasattr(column, "buffers") and hasattr(column, "offset"):  # a pyarrow binary array (columnar=True)
+        _, offsets, data = column.buffers()[:3]
+        kind = np.int64 if str(column.type).startswith("large") else np.int32
+        offsets = np.frombuffer(offsets, dtype=kind)[column.offset:column.offset + len(column) + 1]
+        data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        return [data[offsets[j]:offsets[j + 1]] for j in range(len(column))], False
+    return column, False
+
+
+def _min_size(size: np.ndarray, box: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+    """The smallest whole-image size at which ``box`` still has ``out``'s pixels (for a decode scaled in the DCT)."""
+    box_h, box_w = box[3] - box[1], box[2] - box[0]
+    return int(np.ceil(size[0] * out[0] / box_h)), int(np.ceil(size[1] * out[1] / box_w))
+
+
+def _without(batch: dict[str, Any], drop: list[int], n: int) -> dict[str, Any] | None:
+    """The batch without the samples at positions ``drop`` (those whose image failed, with ``on_error='skip'``)."""
+    if len(drop) == n:
+        return None
+    keep = np.setdiff1d(np.arange(n), drop)
+    index = torch.from_numpy(keep)
+    out = {}
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            out[name] = value.index_select(0, index)
+        elif isinstance(value, list):
+            out[name] = [value[j] for j in keep]
+        elif hasattr(value, "take"):  # a pyarrow array
+            out[name] = value.take(keep)
+        else:
+            out[name] = value
+    return out
+
+
+def DecodeCrop(  # noqa: N802 (a constructor in the shape users call it)
+    column: str,
+    size: int | tuple[int, int],
+    *,
+    random: bool = False,
+    scale: tuple[float, float] | None = None,
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    resize: int | None = None,
+    flip: bool = False,
+    normalize: Normalize | bool | None = None,
+    fast: bool = False,
+) -> Decode:
+    """The common image pipelines in one call: a :class:`Decode` of ``column`` to ``size``.
+
+    * ``DecodeCrop("jpg", 224)``: the centre 224x224 (evaluation);
+    * ``DecodeCrop("jpg", 224, resize=256)``: shorter side to 256, then the centre 224 (ImageNet evaluation);
+    * ``DecodeCrop("jpg", 224, random=True)``: a random 224x224 window at the source's scale;
+    * ``DecodeCrop("jpg", 224, scale=(0.08, 1.0))``: a random-resized crop (``ratio`` its aspect range; ImageNet training);
+    * ``flip=True`` adds a random horizontal flip; ``normalize=True`` (ImageNet's mean and std, float32)
+      or a :class:`Normalize` gives floats instead of uint8.
+    """
+    ops: list[Any] = []
+    if resize is not None:
+        ops.append(Resize(resize))
+    if scale is not None:
+        ops.append(RandomResizedCrop(size, scale=tuple(scale), ratio=tuple(ratio)))
+    elif random:
+        ops.append(RandomCrop(size))
+    else:
+        ops.append(CenterCrop(size))
+    if flip:
+        ops.append(HorizontalFlip())
+    if normalize is True:
+        ops.append(Normalize())
+    elif isinstance(normalize, Normalize):
+        ops.append(normalize)
+    elif normalize not in (None, False):
+        raise TypeError(f"normalize must be True, False or a chute.images.Normalize, got {normalize!r}")
+    return Decode(column, *ops, fast=fast)
