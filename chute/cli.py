@@ -85,7 +85,7 @@ def _names(text: str) -> list[str]:
     return names
 
 
-CONVERT_OPTIONS = ("path_column", "root", "data_type", "split", "columns")
+CONVERT_OPTIONS = ("path_column", "root", "data_type", "split", "columns", "decode")
 """``chute convert`` flags that go to one kind of converter only (unset ones are not passed)."""
 
 
@@ -285,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="index: the type of the data column, e.g. 'ragged(float32, 2)', json, bytes (default: inferred)")
     p.add_argument("--split", default=None, help="hf: the split of a DatasetDict to convert")
     p.add_argument("--columns", type=_names, default=None, metavar="A,B,...", help="arrow, hf: convert only these columns")
+    p.add_argument("--decode", action="store_true", default=None,
+                   help="images: store decoded uint8[3,H,W] pixels instead of the files (all images one size; "
+                        "3*H*W bytes each, typically 5-15x the JPEG; training then skips decoding)")
     # chute convert --ray (docs/ray.md): reading and writing run as tasks of a Ray cluster
     p.add_argument("--ray", metavar="ADDRESS", help="read and write with Ray tasks on the cluster at ADDRESS ('auto', 'ray://host:10001', or 'local'); needs chute[ray]")
     p.set_defaults(run=_convert)

@@ -7,6 +7,15 @@ The layout torchvision's ``ImageFolder`` reads. Each image becomes one row:
 * ``label``: the index of its class in the sorted class names (int64);
 * ``path``: the file's path relative to ``root`` (``/``-separated).
 
+With ``decode=True`` (``chute convert --decode``), ``image`` holds the decoded
+pixels instead, ``uint8[3, height, width]`` (RGB, CHW, decoded as
+``chute.images`` decodes: Pillow's pixels), so training skips decoding. Every
+image must then have the same size. It costs ``3 * height * width`` bytes per
+image against the encoded file's size: a 256 x 256 JPEG of ~25 KB becomes
+196,608 bytes, about 8x; worth it for small images (CIFAR-like 32 x 32: 3 KB)
+or when the decode is what holds training back and the disk or page cache has
+the room (docs/images.md).
+
 The class names are stored in the dataset's metadata (``ds.metadata["class_names"]``).
 Rows are sorted by class, then by path, so converting twice gives the same dataset.
 Files that are not images (by extension) are skipped and counted; hidden files and
@@ -23,7 +32,9 @@ from collections.abc import Iterator
 
 import chute
 from chute.errors import ChuteError
-from chute.format.schema import Bytes, Scalar, String
+import numpy as np
+
+from chute.format.schema import Bytes, Scalar, String, Tensor
 from chute.sources._files import IMAGE_EXTENSIONS
 from chute.sources._parallel import OrderedPool, call_chunk, chunk_size_for, chunked
 from chute.sources._progress import Progress
@@ -82,6 +93,39 @@ def read_image_bytes(path: str) -> bytes:
         raise ChuteError(f"cannot read image {path} ({exc.strerror or exc}); fix or remove it and convert again") from None
 
 
+def read_image_pixels(path: str) -> np.ndarray:
+    """The decoded pixels of one image file, ``uint8[3, height, width]`` RGB (``--decode``)."""
+    from chute.images.codec import Decoder
+
+    data = read_image_bytes(path)
+    try:
+        return np.ascontiguousarray(Decoder().decode(data).transpose(2, 0, 1))
+    except ChuteError:
+        raise
+    except Exception as exc:
+        raise ChuteError(f"cannot decode image {path} ({type(exc).__name__}: {exc}); fix or remove it and convert again") from None
+
+
+def _decoded(samples: Iterator[tuple[dict, str]], bar: Progress) -> Iterator[tuple[dict, str]]:
+    """Decoded samples, checked to be all of the first one's size; the size cost is said once."""
+    shape = None
+    for sample, origin in samples:
+        pixels = sample["image"]
+        if shape is None:
+            shape = pixels.shape
+            bar.note(
+                f"--decode: {shape[1]} x {shape[2]} RGB images, stored as {pixels.nbytes:,} bytes each "
+                "(the encoded files are typically 5-15x smaller)"
+            )
+        elif pixels.shape != shape:
+            raise ChuteError(
+                f"--decode needs every image to have the same size: {origin} is {pixels.shape[2]} x {pixels.shape[1]} "
+                f"where the first image is {shape[2]} x {shape[1]}; resize the images first, or convert without --decode "
+                "(and decode with chute.images at load time)"
+            )
+        yield sample, origin
+
+
 def from_image_folder(
     root: str | os.PathLike,
     dst: str | os.PathLike,
@@ -92,12 +136,15 @@ def from_image_folder(
     shard_size: int | str = DEFAULT_SHARD_SIZE,
     overwrite: bool = False,
     progress: bool = True,
+    decode: bool = False,
 ) -> chute.Dataset:
     """Convert ``root/<class name>/**/<image>`` to columns ``image`` (bytes), ``label``, ``path``.
 
     ``label`` indexes ``ds.metadata["class_names"]`` (the sorted class directory names).
     ``extensions`` (lower case, with the dot) replaces the default image extensions
     (.jpg .jpeg .png .webp .bmp .gif .tif .tiff). Files are read by ``workers`` processes.
+    ``decode``: store decoded ``uint8[3, h, w]`` pixels instead of the files' bytes
+    (all images the same size; see the module docstring for the size cost).
     """
     top = os.fspath(root)
     if not os.path.isdir(top):
@@ -115,18 +162,26 @@ def from_image_folder(
         bar.note(f"skipping {len(skipped)} file(s) that are not images or not in a class directory, e.g. {skipped[0]}")
     paths = [os.path.join(top, relative) for relative, _ in images]
     with OrderedPool(workers, start_method=start_method) as pool:
-        read = functools.partial(call_chunk, read_image_bytes, {})
+        read = functools.partial(call_chunk, read_image_pixels if decode else read_image_bytes, {})
         contents = pool.map(read, chunked(paths, chunk_size_for(len(paths), pool.workers)))
         samples = (
             ({"image": data, "label": label, "path": relative}, f"image {relative}")
             for (relative, label), data in zip(images, contents)
         )
+        schema = SCHEMA
+        if decode:
+            samples = _decoded(samples, bar)
+            first = read_image_pixels(paths[0])
+            schema = {**SCHEMA, "image": Tensor("uint8", first.shape)}
         return write_samples(
             samples,
             dst,
             progress=bar,
-            schema=SCHEMA,
-            metadata={"class_names": classes, "source": {"kind": "images", "skipped_files": len(skipped)}},
+            schema=schema,
+            metadata={
+                "class_names": classes,
+                "source": {"kind": "images", "skipped_files": len(skipped), **({"decoded": True} if decode else {})},
+            },
             shard_size=shard_size,
             overwrite=overwrite,
         )
