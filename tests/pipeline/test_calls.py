@@ -65,3 +65,16 @@ def test_a_w2_batch_costs_at_most_thirty_python_calls(w2, batch_size):
     steps = len(loader)
     per_batch, counts = calls_per_batch(loader, skip=4, count=steps - 8)
     assert per_batch <= BUDGET, f"{per_batch:.1f} calls per batch; the most frequent: {counts.most_common(12)}"
+
+
+def identity(sample):
+    return sample
+
+
+def test_a_per_sample_transform_costs_a_few_calls_per_sample(w2):
+    """Around the user's function, chute makes at most three Python calls per sample (plus a fixed few per batch)."""
+    loader = chute.Loader(w2, 256, shuffle=True, seed=0, transform=identity)
+    per_batch, counts = calls_per_batch(loader, skip=2, count=len(loader) - 4)
+    user = counts["test_calls.py:identity"] / (len(loader) - 4)
+    assert user == 256
+    assert (per_batch - user) / 256 <= 3, f"{per_batch:.0f} calls per batch; the most frequent: {counts.most_common(12)}"
