@@ -34,7 +34,7 @@ def start(loader: Any, run: Pass) -> None:
         _progressive_epoch(loader, run)
     counters = loader.counters
     run.indices = BatchIndices(run.order, run.epoch, run.rank, run.world_size, run.start, None if counters is None else counters.order)
-    run.channel = Channel(MAX_DEPTH)
+    run.channel = Channel(max(1, min(MAX_DEPTH, run.steps)))  # a short pass needs no more slots than steps
     # A remote dataset's shards are downloaded ahead and held by this process, also for worker
     # processes: they read under this process's hold (and its share of a node cache).
     run.fetcher = _fetcher(loader, run)
