@@ -235,6 +235,10 @@ class Loader:
         if run is not None and not run.finished and not run.closed_by_stream:
             return run.steps
         if self._progressive is not None:
+            loaded = self._epoch_shards
+            if loaded is not None and loaded[0] == self.epoch:  # resuming: the rest of the loaded epoch
+                rows = sum(self.dataset.shards[i].rows for i in loaded[1])
+                return self._progressive.order_for(rows).num_batches(self.world_size, self._start)
             cache = self.dataset.cache
             rows = sum(s.rows for i, s in enumerate(self.dataset.shards) if cache.cached(i))
             return self._progressive.order_for(rows).num_batches(self.world_size, 0)
