@@ -1,6 +1,6 @@
 """Benchmark datasets, generated once into a data directory and reused.
 
-W1  MISSION.md section 1: per-sample .pkl.gz dicts + CSV index (and its chute conversion)
+W1  per-sample .pkl.gz dicts + CSV index (and its chute conversion)
 W2  200,000 uint8[3,32,32] images + int64 labels
 W3  2,000 float32 records of 1 MiB
 """

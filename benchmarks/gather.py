@@ -1,13 +1,16 @@
-"""Random-batch gather speed: chute's get_batch vs numpy in RAM vs a torch DataLoader.
+"""Random-batch gather speed, one thread: chute's native gather vs the best way to copy the same rows.
 
 Two shapes (docs/benchmarks.md):
   W2  200,000 uint8[3,32,32] images + int64 labels, batches of 256
   W3  2,000 float32 records of 1 MiB, batches of 8
 
-For each: chute ``Dataset.get_batch`` with reused output buffers on 1 and 2 torch
-threads (data in the page cache), numpy fancy indexing of the same data held in
-RAM (the limit), and a torch DataLoader over a numpy-memmap map-style Dataset with
-num_workers 0 and 2. Every figure is the median of --repeats runs.
+For each: ``Dataset.read`` (one native call for every fixed-size column, into
+reused output arrays; data in the page cache), and ``get_batch`` (the same,
+into fresh tensors); the limit: for W2 numpy fancy indexing ``x[idx]`` of the
+whole array held in RAM, for W3 the same rows read with ``os.preadv`` from the
+page cache into a page-aligned buffer reused for every batch; and a torch
+DataLoader over a numpy-memmap map-style Dataset with num_workers 0 and 2.
+Every figure is the median of --repeats runs of the same batches.
 
     python benchmarks/gather.py                 # both shapes, data in ./bench-data
     python benchmarks/gather.py --only w2 --repeats 3
@@ -67,22 +70,28 @@ def run(name: str, root: str, repeats: int) -> list[tuple[str, float, float]]:
     out = {"x": torch.empty((spec["batch"], *spec["shape"]), dtype=torch.from_numpy(ram[:1]).dtype)}
     if spec["label"]:
         out["label"] = torch.empty(spec["batch"], dtype=torch.int64)
-    ram_out = np.empty((spec["batch"], *spec["shape"]), dtype=spec["dtype"])
+    if spec["label"]:  # W2: numpy fancy indexing of the array in RAM
+        def limit(b):
+            ram[b], labels[b]
 
-    def numpy_take(b):
-        np.take(ram, b, axis=0, out=ram_out)
-        if spec["label"]:
-            labels[b]
+        results = [("numpy x[idx], whole array in RAM (the limit)", timed(limit, batches, repeats))]
+    else:  # W3: the rows read from the page cache into one page-aligned buffer
+        import mmap
 
-    results = [("numpy fancy indexing, in RAM (limit)", timed(numpy_take, batches, repeats))]
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        results.append((f"chute get_batch, torch threads={threads}", timed(lambda b: ds.get_batch(b, out=out), batches, repeats)))
-    torch.set_num_threads(os.cpu_count() or 1)
-    grouped = [np.sort(b) for b in batches]  # indices grouped by shard, as a shuffle window of shards yields them
-    torch.set_num_threads(1)
-    results.append(("chute get_batch, indices grouped by shard, threads=1", timed(lambda b: ds.get_batch(b, out=out), grouped, repeats)))
-    torch.set_num_threads(os.cpu_count() or 1)
+        row = ram[0].nbytes
+        aligned = mmap.mmap(-1, spec["batch"] * row)
+        views = [memoryview(aligned)[i * row : (i + 1) * row] for i in range(spec["batch"])]
+        fd = os.open(raw_path, os.O_RDONLY)
+        header = raw.offset
+
+        def limit(b):
+            for view, i in zip(views, b.tolist()):
+                os.preadv(fd, [view], header + i * row)
+
+        results = [("os.preadv into an aligned buffer, page cache (the limit)", timed(limit, batches, repeats))]
+    arrays = [t.numpy() for t in out.values()]
+    results.append(("chute Dataset.read, reused outputs (the Loader's call)", timed(lambda b: ds.read(b, arrays), batches, repeats)))
+    results.append(("chute get_batch, fresh tensors", timed(lambda b: ds.get_batch(b), batches, repeats)))
     dl_samples = min(spec["rows"], 50_000 if spec["label"] else 800)
     npy = os.path.join(root, f"{name}.npy")
     for workers in (0, 2):

@@ -2,11 +2,14 @@
 
     python benchmarks/verify_cost.py [--runs 5] [--rows 100000] [--data DIR]
 
-Each shard is checked once per process, when it is first mapped (its checksum
-over the mapping with ``verify=True``; its Arrow structure always), so the cost
-falls on a process's first epoch. Every run is a fresh process reading one
-shuffled epoch from the page cache (the data is read once beforehand), which is
-the worst case for the check: nothing else (disk, network) hides it. Runs of
+With ``verify=True`` a shard's checksum is computed the first time a machine
+reads it (the file read in 8 MiB chunks) and remembered by a marker file in
+chute's cache directory; its Arrow structure is checked once per process,
+always. So the checksum's cost falls on the first epoch ever read on a machine.
+Every run here is a fresh process with a fresh, empty chute cache directory
+(``CHUTE_CACHE_DIR``: no markers), reading one shuffled epoch from the page
+cache (the data is read once beforehand), which is the worst case for the
+check: nothing else (disk, network) hides it. Runs of
 the two settings alternate; the script prints the median epoch time of each,
 their ratio, and the time of ``Dataset.verify()`` (a full check of every
 shard: checksum, schema, rows, structure) against the median unverified epoch.
@@ -80,8 +83,9 @@ def main() -> None:
         times: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(args.runs):
             for verify in (False, True):
-                out = subprocess.run([sys.executable, __file__, "--batch", str(args.batch), "--child", path, "1" if verify else "0"],
-                                     capture_output=True, text=True, check=True)
+                with tempfile.TemporaryDirectory() as fresh:  # no checksum remembered from an earlier run
+                    out = subprocess.run([sys.executable, __file__, "--batch", str(args.batch), "--child", path, "1" if verify else "0"],
+                                         capture_output=True, text=True, check=True, env=dict(os.environ, CHUTE_CACHE_DIR=fresh))
                 times[verify].append(json.loads(out.stdout.strip().splitlines()[-1]))
         full = []
         for _ in range(args.runs):

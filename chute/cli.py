@@ -196,12 +196,9 @@ def _bench(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from chute.observe import bench
 
-    kwargs = _transform_kwargs(args)
-    if args.max_threads:
-        kwargs["max_threads"] = args.max_threads
     result = bench.run(
-        args.dataset, batch_size=args.batch_size, num_threads=None, epochs=None, seconds=args.seconds,
-        step_ms=args.step_ms, shuffle=True, cache_dir=args.cache_dir, loader_kwargs=kwargs,
+        args.dataset, batch_size=args.batch_size, num_threads=None, max_count=args.max_threads or None, epochs=None, seconds=args.seconds,
+        step_ms=args.step_ms, shuffle=True, cache_dir=args.cache_dir, loader_kwargs=_transform_kwargs(args),
     )
     if args.json:
         print(bench.dumps(result))

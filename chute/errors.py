@@ -27,7 +27,7 @@ class PickleRefusedError(ChuteError):
 
 
 class StallError(ChuteError):
-    """No batch reached the training loop within ``stall_timeout`` (``on_stall="raise"``).
+    """No batch reached the training loop within the watchdog timeout (``chute.Watchdog(..., on_stall="raise")``).
 
     ``report`` holds the watchdog's full stall report: thread and worker stacks,
     reads in flight, the samples being built and the queue depths.

@@ -9,6 +9,20 @@ import numpy as np
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def chute_cache_dir(tmp_path_factory):
+    """chute's files of this machine (the node cache, the marks of verified shards) go to a temporary
+    directory, never the user's ~/.cache/chute (tests that need their own set CHUTE_CACHE_DIR again)."""
+    path = str(tmp_path_factory.mktemp("chute-cache"))
+    previous = os.environ.get("CHUTE_CACHE_DIR")
+    os.environ["CHUTE_CACHE_DIR"] = path
+    yield path
+    if previous is None:
+        os.environ.pop("CHUTE_CACHE_DIR", None)
+    else:
+        os.environ["CHUTE_CACHE_DIR"] = previous
+
+
 def _open_fds() -> set[str]:
     fds = set()
     for fd in os.listdir("/proc/self/fd"):

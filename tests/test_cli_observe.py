@@ -122,9 +122,15 @@ def test_tune_prints_the_settings_found_and_the_decisions(dataset, capsys):
     code, out, err = _run(capsys, "tune", dataset.root, "--batch-size", "16", "--step-ms", "2", "--seconds", "1")
     assert code == 0, err
     assert out.startswith(f"chute tune {dataset.root}: batch 16, simulated step 2 ms")
-    assert "settings found: num_threads=" in out and "prefetch=" in out
+    assert "settings found: chute.Workers(count=" in out and "prefetch=" in out
     assert "the step allows at most 8,000/s" in out
     assert "decisions" in out and "use them: chute.Loader(ds, 16, workers=chute.Workers(count=" in out
+
+
+def test_tune_keeps_within_max_threads(dataset, capsys):
+    code, out, err = _run(capsys, "tune", dataset.root, "--batch-size", "16", "--seconds", "1", "--max-threads", "1")
+    assert code == 0, err
+    assert "settings found: chute.Workers(count=1," in out
 
 
 def test_tune_json_has_the_autotuner_settings(dataset, capsys):

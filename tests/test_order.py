@@ -1,6 +1,6 @@
 """The global order (chute/order.py): what each rank delivers, batch by batch.
 
-The properties are those of DESIGN.md decision 3 and issue 3 (part 1). The
+The properties are those docs/loader.md states for the global order. The
 expected values are derived from the spec alone (positions of the epoch's global
 order), never by calling the code under test a second way:
 

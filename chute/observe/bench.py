@@ -114,6 +114,7 @@ def run(
     num_threads: int | None = None,
     workers: str = "threads",
     prefetch: int | None = None,
+    max_count: int | None = None,
     epochs: int | None = 1,
     seconds: float | None = None,
     step_ms: float = 0.0,
@@ -127,6 +128,7 @@ def run(
 
     ``dataset``: a :class:`chute.Dataset`, a path or a URL (remote shards go through ``cache_dir``).
     ``step_ms``: a simulated training step per batch (``time.sleep``), as ``chute tune`` uses.
+    ``num_threads``, ``workers``, ``prefetch`` and ``max_count`` are those of :class:`chute.Workers`.
     """
     from chute.format.reader import Dataset
     from chute.pipeline.config import Workers
@@ -139,7 +141,7 @@ def run(
     ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, cache_dir=cache_dir)
     made = time.perf_counter()
     loader = Loader(
-        ds, batch_size, shuffle=shuffle, seed=seed, workers=Workers(workers, count=num_threads, prefetch=prefetch),
+        ds, batch_size, shuffle=shuffle, seed=seed, workers=Workers(workers, count=num_threads, prefetch=prefetch, max_count=max_count),
         **(loader_kwargs or {}),
     )
     stamps: list[tuple[float, int]] = []  # (time since start, samples in the batch)
@@ -266,7 +268,7 @@ def tune_text(result: BenchResult) -> str:
     settings = result.report.get("settings", {})
     decisions = result.report.get("decisions") or []
     lines = [
-        f"settings found: num_threads={settings.get('num_threads')}, prefetch={settings.get('prefetch')}"
+        f"settings found: chute.Workers(count={settings.get('num_threads')}, prefetch={settings.get('prefetch')})"
         + ("" if settings.get("autotune") else "  (the autotuner was off for this loader)"),
         f"waiting for data: {result.report.get('wait_fraction', 0.0):.0%} of the simulated loop's time "
         f"({result.samples_per_s:,.0f} samples/s; the step allows at most "

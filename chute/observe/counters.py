@@ -1,6 +1,6 @@
 """Always-on, cheap counters: where each stage of a loader spends its time.
 
-Every stage of the pipeline (DESIGN.md decision 6) has a :class:`Stage` that
+Every stage of the pipeline has a :class:`Stage` that
 counts its busy time, the items and bytes it handled, and the time it spent
 waiting on its input (nothing to do yet) and on its output (no room
 downstream). The training loop's side is a :class:`Consumer`: time blocked in

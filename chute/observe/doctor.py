@@ -180,7 +180,7 @@ def _cpus(env: Environment) -> Check:
     if env.cpu_quota is not None and env.cpu_quota < env.cpus:
         return Check(
             "CPUs", "warn", found + f"; the container's CPU quota is {env.cpu_quota:g} core(s)",
-            f"threads beyond {max(1, int(env.cpu_quota))} only add contention: pass max_threads={max(1, int(env.cpu_quota))} "
+            f"threads beyond {max(1, int(env.cpu_quota))} only add contention: pass workers=chute.Workers(max_count={max(1, int(env.cpu_quota))}) "
             "to chute.Loader (the autotuner's CPU budget), or raise the quota (docker --cpus)",
         )
     if env.cpus < env.cpus_machine:

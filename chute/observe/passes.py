@@ -110,6 +110,21 @@ class LoaderMeter:
         if self.tuner is not None:
             self.tuner.end_pass()
 
+    def delivered(self, called: int, got: int, rows: int) -> None:
+        """The loop waited from ``called`` to ``got`` (perf_counter_ns) for a batch of ``rows`` samples.
+
+        (The Loader's stream without a device writes the same updates inline, to stay within
+        its budget of Python calls per batch; see chute/pipeline/run.py.)
+        """
+        consumer = self.counters.consumer
+        consumer.wait_ns += got - called
+        consumer.batches += 1
+        consumer.samples += rows
+        if self.first_batch_ns is None:
+            self.first_batch_ns = got - self.pass_began
+        if consumer.first_wait_ns is None:
+            consumer.first_wait_ns = got - self.pass_began
+
     def take_ready(self) -> int | None:
         """The fewest finished batches seen waiting in the channel since the last call (for the autotuner)."""
         value, self.ready = self.ready, None

@@ -48,7 +48,7 @@ from chute.observe import inflight
 
 log = logging.getLogger("chute")
 
-FIRST_TIMEOUT = 300.0  # seconds for the first batch of a pass with stall_timeout="auto"
+FIRST_TIMEOUT = 300.0  # seconds for the first batch of a pass with the timeout "auto"
 FLOOR = 60.0  # the adaptive timeout is never shorter than this
 FACTOR = 20.0  # ... and otherwise this many times the 95th percentile of recent waits
 WARMUP = 8  # waits seen before the adaptive rule replaces FIRST_TIMEOUT
@@ -109,9 +109,9 @@ class StallTimeout:
             try:
                 self.fixed = float(setting)
             except (TypeError, ValueError):
-                raise ValueError(f"stall_timeout must be a number of seconds, 'auto' or None, got {setting!r}") from None
+                raise ValueError(f"the watchdog timeout must be a number of seconds, 'auto' or None, got {setting!r}") from None
             if not self.fixed > 0:
-                raise ValueError(f"stall_timeout must be positive (or None to turn the watchdog off), got {setting!r}")
+                raise ValueError(f"the watchdog timeout must be positive (or None to turn the watchdog off), got {setting!r}")
         self.enabled = setting is not None
         self.setting = setting
 
@@ -219,7 +219,7 @@ def build_report(details: Details, waited: float, timeout: float, rule: str, on_
     rule = f"{timeout:g} s" + (" (auto)" if rule == "auto" else "")
     lines = [
         f"chute: STALL: the training loop has waited {waited:.1f} s in next() for {details.waiting_for} "
-        f"(stall_timeout {rule}, on_stall={on_stall!r})",
+        f"(watchdog timeout {rule}, on_stall={on_stall!r})",
     ]
     if details.settings:
         lines.append(f"Loader: {details.settings}")
@@ -288,7 +288,7 @@ class StallWatch:
                 log.warning("%s", text.rstrip())
             if self.on_stall == "raise":
                 run.stalled = True  # its workers may be stuck for good: the pass is closed without waiting for them
-                headline = f"no batch for {waited:.1f} s (stall_timeout {timeout:g} s) while waiting for {details.waiting_for}"
+                headline = f"no batch for {waited:.1f} s (watchdog timeout {timeout:g} s) while waiting for {details.waiting_for}"
                 if details.stuck:
                     headline += f"; stuck: {details.stuck}"
                 raise StallError(f"{headline}. The full report was written to stderr and is in this exception's .report", text)

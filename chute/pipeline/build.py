@@ -107,6 +107,7 @@ def _fetcher(loader: Any, run: Pass) -> Any:
         return None
     from chute.storage.fetcher import Fetcher
 
+    run.dataset.release_direct_holds()  # the pass holds what it reads; nothing else while it waits for a turn
     uses = run.order.shard_uses(run.epoch, run.world_size, run.start)
     return Fetcher(cache, uses, threads=cache.remote.parallel, name=f"chute-fetch-r{run.rank}")
 

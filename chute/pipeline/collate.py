@@ -149,13 +149,17 @@ class Collate:
 
     def _stack(self, values: list[torch.Tensor], key: Any) -> Any:
         first = values[0]
-        for j, value in enumerate(values):
-            if not (_stackable(value) and value.shape == first.shape and value.dtype == first.dtype):
+        dtype = first.dtype
+        for value in values:  # a cheap check per sample; torch.stack checks shapes, devices and grads itself
+            if type(value) is not torch.Tensor or value.dtype is not dtype:
                 return self._collate_plain(values, key)
         if self.pool is None:
-            return torch.stack(values)
+            return self._collate_plain(values, key)
         _, block = self.pool.take((len(values), *first.shape), first.numpy().dtype)
-        return torch.stack(values, out=block)
+        try:
+            return torch.stack(values, out=block)
+        except (RuntimeError, TypeError, ValueError):  # shapes differ, a tensor needs grad, lives elsewhere...
+            return self._collate_plain(values, key)
 
     def _collate_plain(self, values: list[Any], key: Any) -> Any:
         try:

@@ -78,8 +78,9 @@ class Workers:
             processes, module-level functions; see docs/loader.md).
         count: threads or processes. ``None``: threads are autotuned, starting
             at one (docs/observe.md); processes default to the CPU count, at most 8.
-        prefetch: batches in flight ahead of the training loop. ``None``:
-            2 per worker, then autotuned (threads) within ``max_prefetch_bytes``.
+        prefetch: batches in flight ahead of the training loop. ``None``: 8 (fewer
+            if 8 batches would not fit ``max_prefetch_bytes``, at least 2 per
+            worker), then autotuned (threads) within ``max_prefetch_bytes``.
         max_count: the autotuner's CPU budget (default: the CPUs this process may run on).
         max_prefetch_bytes: the autotuner's memory budget for batches in flight (default 512 MiB).
     """

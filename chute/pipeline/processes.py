@@ -1,7 +1,7 @@
 """Worker processes for transforms that hold the GIL: ``Loader(workers=chute.Workers("processes"))``.
 
-Threads are chute's default (DESIGN.md decision 2 in the design notes: the
-gather and decoding run in native code that releases the GIL). A per-sample
+Threads are chute's default (the gather and decoding run in native code
+that releases the GIL). A per-sample
 transform written in pure Python holds it, so for those the batch tasks run in
 worker processes (``chute.pipeline.worker``) instead. The unit of work is
 still one whole batch::

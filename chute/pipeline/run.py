@@ -163,7 +163,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                     yield (step, rows, batch) if device_side else batch
                 step += 1
                 continue
-            consumer.wait_ns += got - called
+            consumer.wait_ns += got - called  # (LoaderMeter.delivered, inline: a call per batch saved)
             if batch is not None:
                 consumer.batches += 1
                 consumer.samples += rows
@@ -248,14 +248,7 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
             if step == run.steps - 1:
                 loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
             if counters is not None:
-                consumer = counters.consumer
-                consumer.wait_ns += got - called
-                consumer.batches += 1
-                consumer.samples += rows
-                if meter.first_batch_ns is None:
-                    meter.first_batch_ns = got - meter.pass_began
-                if consumer.first_wait_ns is None:
-                    consumer.first_wait_ns = got - meter.pass_began
+                meter.delivered(called, got, rows)
                 if watch is not None and k:
                     watch.history.add((got - called) / 1e9)
             yield batch

@@ -2,10 +2,9 @@
 
     indices (a row of a precomputed chunk) -> [wait for downloads] -> gather -> transform + collate
 
-This is the unit of work the executors hand out (DESIGN.md decision 2: a
-batch, never a sample). It counts its own time into the stages' counters and
-leaves one record per batch in the trace ring, without a Python call per
-stage. It publishes what it is doing in plain lists indexed by worker number
+This is the unit of work the executors hand out: a batch, never a sample.
+It counts its own time into the stages' counters and leaves one record per
+batch in the trace ring, without a Python call per stage. It publishes what it is doing in plain lists indexed by worker number
 (``building``, ``since``, ``progress``), which the hang watchdog reads to say
 which worker builds which batch, since when, and on which sample.
 """

@@ -4,31 +4,98 @@ For code that wants a plain ``torch.utils.data.DataLoader`` (Lightning, the HF
 Trainer)::
 
     batches = chute.TorchIterable(ds, batch_size=256, shuffle=True, seed=0)
-    loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=4)
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=4,
+                                         persistent_workers=True)
 
 Each item is one batch in chute's global order. DataLoader worker ``w`` of ``n``
 builds steps ``w, w + n, w + 2n, ...``; the DataLoader takes one item from each
-worker in turn, so the stream is the same whatever ``num_workers`` is. Call
-``set_epoch`` before each epoch (with ``persistent_workers=False``, the default,
-the workers see it).
+worker in turn, so the stream is the same whatever ``num_workers`` is.
+
+Epochs. Every pass over the DataLoader (every ``iter()``) runs the next epoch,
+as ``DataLoader(shuffle=True)`` draws a new order for every pass: Lightning and
+the HF Trainer never call ``set_epoch`` on an ``IterableDataset``.
+``set_epoch(n)`` always wins: the next pass runs epoch ``n``, and the passes
+after it ``n + 1``, ``n + 2``, ... The workers learn the epoch from a small
+shared-memory counter made with the dataset (:class:`EpochCounter`), so they
+see it also when they persist across epoch (``persistent_workers=True``).
+
+Resume. The iterator of a pass has ``state_dict()`` / ``load_state_dict()``,
+the protocol ``torchdata.stateful_dataloader.StatefulDataLoader`` uses for
+iterable datasets: it takes each worker's state with every batch and gives it
+back to the same worker on ``load_state_dict``, so
+``StatefulDataLoader(TorchIterable(...), batch_size=None, num_workers=k)``
+resumes with exactly the next batch (with the same ``num_workers`` it saved with).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from chute.errors import ChuteError
 from chute.format.reader import Dataset
 from chute.pipeline.config import Shuffle, check_batch_size, check_seed, check_shuffle
 from chute.pipeline.loader import dataset_and_order, distributed_defaults
 from chute.pipeline.transform import Functions, Transform
 
+# Slots of the shared counter.
+_BASE, _PASS, _WORKERS, _JOINED = range(4)
+
+
+class EpochCounter:
+    """The epoch of each pass, agreed on by every DataLoader worker through shared memory.
+
+    Made with the dataset, before any worker starts, so forked and spawned
+    workers (persistent or not) share it. Each worker joins a pass when it
+    starts iterating; the pass is full once as many workers as the DataLoader
+    has joined it, and the next join starts the next pass. A pass's epoch is
+    the last ``set_epoch`` value plus the passes started since.
+    """
+
+    def __init__(self, values: tuple[int, int, int, int] = (0, -1, 0, 0)) -> None:
+        # base, pass, workers of the pass, joined. A spawn-context lock also works in forked workers;
+        # a fork-context one cannot be sent to spawned ones.
+        self._shared = multiprocessing.get_context("spawn").Array("q", list(values))
+
+    def __deepcopy__(self, memo: dict) -> EpochCounter:
+        """A copy counts its own passes, from where this one is."""
+        with self._shared.get_lock():
+            return EpochCounter(tuple(self._shared))
+
+    def set(self, epoch: int) -> None:
+        """The next pass runs ``epoch``."""
+        with self._shared.get_lock():
+            self._shared[_BASE], self._shared[_PASS], self._shared[_JOINED] = epoch, -1, 0
+
+    def join(self, workers: int) -> int:
+        """A worker of a DataLoader with ``workers`` workers starts a pass: that pass's epoch."""
+        s = self._shared
+        with s.get_lock():
+            if s[_PASS] < 0 or s[_JOINED] >= s[_WORKERS] or s[_WORKERS] != workers:
+                s[_PASS], s[_WORKERS], s[_JOINED] = s[_PASS] + 1, workers, 0
+            s[_JOINED] += 1
+            return s[_BASE] + s[_PASS]
+
+    def resumed(self, epoch: int) -> None:
+        """The pass just joined is resuming ``epoch``: count the passes after it from there."""
+        s = self._shared
+        with s.get_lock():
+            s[_BASE] = epoch - max(s[_PASS], 0)
+
+    def next_epoch(self) -> int:
+        """The epoch a pass starting now would run (for ``len`` and the repr; no worker joins)."""
+        s = self._shared
+        with s.get_lock():
+            full = s[_PASS] < 0 or s[_JOINED] >= s[_WORKERS]
+            return s[_BASE] + s[_PASS] + (1 if full else 0)
+
 
 class TorchIterable(torch.utils.data.IterableDataset):
-    """Batches of a chute dataset, for ``DataLoader(..., batch_size=None)``."""
+    """Batches of a chute dataset, for ``DataLoader(..., batch_size=None)`` (see the module docstring)."""
 
     def __init__(
         self,
@@ -45,27 +112,91 @@ class TorchIterable(torch.utils.data.IterableDataset):
         world_size: int | None = None,
         on_error: str = "raise",
     ) -> None:
-        self.dataset, self.order = dataset_and_order(dataset, check_batch_size(batch_size), check_shuffle(shuffle), check_seed(seed), drop_last)
+        self.batch_size = check_batch_size(batch_size)
+        self.dataset, self.order = dataset_and_order(dataset, self.batch_size, check_shuffle(shuffle), check_seed(seed), drop_last)
         self.fns = Functions(transform, batch_transform, collate, on_error)
         self.rank, self.world_size = distributed_defaults(rank, world_size)
-        self.epoch = 0
+        self.epochs = EpochCounter()
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        """Run ``epoch`` in the next pass (the workers see it, persistent or not)."""
+        self.epochs.set(int(epoch))
 
     def __len__(self) -> int:
         return self.order.num_batches(self.world_size)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> TorchIterablePass:
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        # fresh tensors (no reused blocks): the DataLoader moves them to shared memory to send them
-        transform = None if self.fns.identity else Transform(self.fns, self.dataset, None, self.order.seed)
-        progress = [-1]
-        for step in range(worker, len(self), workers):
-            indices = self.order.batch(self.epoch, step, self.rank, self.world_size)
-            batch = self.dataset.get_batch(indices)
-            if transform is not None:
-                batch, _ = transform(batch, indices, self.epoch, progress, 0)
+        return TorchIterablePass(self, self.epochs.join(workers), worker, workers)
+
+    def __repr__(self) -> str:
+        return (
+            f"chute.TorchIterable({getattr(self.dataset, 'root', self.dataset)!r}, batch_size={self.batch_size}, "
+            f"shuffle={self.order.shuffle}, rank={self.rank}/{self.world_size}, next epoch={self.epochs.next_epoch()})"
+        )
+
+
+class TorchIterablePass:
+    """One worker's share of one pass: steps ``worker, worker + workers, ...`` of ``epoch``.
+
+    Stateful in ``torchdata``'s sense: ``state_dict()`` is where this worker
+    is (the epoch and the next step it builds), ``load_state_dict`` continues
+    from there. Nothing is read before the first ``next()``.
+    """
+
+    def __init__(self, source: TorchIterable, epoch: int, worker: int, workers: int) -> None:
+        self.source = source
+        self.epoch, self.worker, self.workers = epoch, worker, workers
+        self.step = worker  # the next step this worker builds
+        self._transform: Transform | None = None
+        self._progress = [-1]
+
+    def __iter__(self) -> TorchIterablePass:
+        return self
+
+    def __next__(self) -> Any:
+        source = self.source
+        steps = len(source)
+        while self.step < steps:
+            step, self.step = self.step, self.step + self.workers
+            indices = source.order.batch(self.epoch, step, source.rank, source.world_size)
+            batch = source.dataset.get_batch(indices)  # fresh tensors: the DataLoader moves them to shared memory
+            if not source.fns.identity:
+                if self._transform is None:
+                    self._transform = Transform(source.fns, source.dataset, None, source.order.seed)
+                batch, _ = self._transform(batch, indices, self.epoch, self._progress, 0)
             if batch is not None:
-                yield batch
+                return batch
+        raise StopIteration
+
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's position: the epoch, the next step it builds, and the order it follows."""
+        state = self.source.order.state(self.epoch, 0)
+        del state["consumed"]
+        state.update(
+            step=self.step, worker=self.worker, workers=self.workers,
+            batch_size=self.source.batch_size, rank=self.source.rank, world_size=self.source.world_size,
+        )
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (this worker's :meth:`state_dict` from an earlier run)."""
+        source = self.source
+        try:
+            epoch, _ = source.order.check_state({**state, "consumed": 0})
+        except (KeyError, ValueError) as exc:
+            raise ChuteError(f"cannot resume this TorchIterable: {exc}") from None
+        saved = (state.get("batch_size"), state.get("rank"), state.get("world_size"))
+        if saved != (source.batch_size, source.rank, source.world_size):
+            raise ChuteError(
+                f"cannot resume this TorchIterable: the state was saved with batch_size, rank, world_size = {saved}, "
+                f"this one has {(source.batch_size, source.rank, source.world_size)}; use the same settings"
+            )
+        if (state.get("worker"), state.get("workers")) != (self.worker, self.workers):
+            raise ChuteError(
+                f"cannot resume this TorchIterable: the state is DataLoader worker {state.get('worker')} of "
+                f"{state.get('workers')}'s, this is worker {self.worker} of {self.workers}; resume with the same num_workers"
+            )
+        self.epoch, self.step = epoch, int(state["step"])
+        source.epochs.resumed(epoch)

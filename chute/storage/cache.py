@@ -58,6 +58,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from chute._paths import default_cache_dir
 from chute.errors import CacheFullError, ChuteError, ShardError
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
@@ -72,14 +73,6 @@ DOWNLOAD_LOCK = ".download"  # held exclusive by the one process downloading a s
 
 #: Shards a dataset keeps held for direct reads (``ds[i]`` outside a loader; see chute/format/reader.py).
 DIRECT_HOLDS = 2
-
-
-def default_cache_dir() -> str:
-    """``$CHUTE_CACHE_DIR``, else ``$XDG_CACHE_HOME/chute``, else ``~/.cache/chute``."""
-    if os.environ.get("CHUTE_CACHE_DIR"):
-        return os.path.expanduser(os.environ["CHUTE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "chute")
 
 
 def _scan(cache_dir: str) -> tuple[int, list[tuple[str, str, int]]]:

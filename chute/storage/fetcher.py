@@ -147,9 +147,9 @@ class Fetcher:
         self._by_shard: dict[int, list[int]] = {}
         for first, _, shard in uses:
             self._by_shard.setdefault(shard, []).append(first)
-        self._spans: dict[int, list[tuple[int, int]]] = {}
-        for first, last, shard in uses:
-            self._spans.setdefault(shard, []).append((first, last))
+        self._spans: dict[int, list[tuple[int, int, int]]] = {}  # shard -> (first, last, index in uses)
+        for k, (first, last, shard) in enumerate(uses):
+            self._spans.setdefault(shard, []).append((first, last, k))
         cache.next_use = self.next_use
         if cache.sharing is not None:
             job = hashlib.blake2b(repr((cache.dir, uses)).encode(), digest_size=8).hexdigest()  # the same for every rank
@@ -284,7 +284,8 @@ class Fetcher:
         with self._cond:
             self._reached = max(self._reached, step)  # from now on they are not given back
             for shard in shards:
-                if not self._planned(shard, step):
+                k = self._use(shard, step)
+                if k is None:
                     self._extra.setdefault(step, []).append(shard)
                     self._cond.release()
                     try:
@@ -292,9 +293,11 @@ class Fetcher:
                     finally:
                         self._cond.acquire()
                     continue
-                if not self._ready.get(shard):
+                # The use that covers this step, not any use of the shard: an earlier use still
+                # held now is released when the consumer passes it, maybe while this step reads.
+                if not self._started.get(k):
                     with inflight.track("wait for download of", f"{self.cache.remote.url}/{self.cache.manifest.shards[shard].file}"):
-                        while not self._ready.get(shard) and self._error is None and not self._closed:
+                        while not self._started.get(k) and self._error is None and not self._closed:
                             self._cond.wait()
                 if self._error is not None:
                     raise _again(self._error, self.cache.remote.url)
@@ -302,8 +305,9 @@ class Fetcher:
                     raise ChuteError("the loader's downloader was closed")
         self.wait_s += time.perf_counter() - start
 
-    def _planned(self, shard: int, step: int) -> bool:
-        return any(first <= step <= last for first, last in self._spans.get(shard, ()))
+    def _use(self, shard: int, step: int) -> int | None:
+        """The index in ``uses`` of the use of ``shard`` that covers ``step`` (None: not planned)."""
+        return next((k for first, last, k in self._spans.get(shard, ()) if first <= step <= last), None)
 
     def received(self, step: int) -> None:
         """The consumer has received batch ``step``: release the shards no later step reads."""
@@ -336,7 +340,7 @@ class Fetcher:
         if k < len(firsts):
             return firsts[k]
         spans = self._spans[shard]
-        return self._frontier if any(first <= self._frontier <= last for first, last in spans) else math.inf
+        return self._frontier if any(first <= self._frontier <= last for first, last, _ in spans) else math.inf
 
     def close(self) -> None:
         """Stop downloading and release every shard this fetcher holds."""

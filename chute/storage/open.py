@@ -50,10 +50,11 @@ def open_dataset(
     background filler keeps rotating new shards in (docs/remote.md).
 
     Validates the manifest and, for a local dataset, that every shard exists with
-    the size it lists. Each shard is checked once per process when it is first
-    read: its checksum (``verify=True``, the default; ``verify=False`` skips it)
-    and, always, the structure the reader relies on (offsets, buffer bounds, row
-    count); see docs/format.md. :meth:`Dataset.verify` checks every shard at once.
+    the size it lists. Each shard is checked when it is first read: its checksum
+    (``verify=True``, the default; ``verify=False`` skips it) once per machine
+    (remembered in chute's cache directory) and, once per process and always, the
+    structure the reader relies on (offsets, buffer bounds, row count); see
+    docs/format.md. :meth:`Dataset.verify` checks every shard at once.
     """
     if progressive:
         if not is_remote(os.fspath(path)):

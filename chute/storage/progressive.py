@@ -1,9 +1,10 @@
 """The progressive mode: train on what the cache holds while it keeps filling and rotating.
 
-For a remote dataset larger than the node cache (MISSION.md section 4):
+For a remote dataset larger than the node cache (docs/remote.md):
 
 * a **filler** thread downloads shards in a seeded random order, one after
-  another, for as long as the loader lives; when the cache is full it evicts
+  another, until the loader is closed or the whole dataset is in the cache;
+  when the cache is full it evicts
   the shards that arrived first (never one the current epoch still reads);
 * **epoch k** covers exactly the shards that were complete in the cache when it
   started, in the usual shuffled order over that set. Starting an epoch only

@@ -111,7 +111,7 @@ def test_declared_ragged_schema_accepts_equal_shapes_in_window(tmp_path):
 
 
 def test_dicts_with_varying_keys_keep_every_key(tmp_path):
-    # MISSION.md section 1: each sample is a dict of ten random 5-digit keys.
+    # W1: each sample is a dict of ten random 5-digit keys.
     rng = random.Random(4)
     dicts = [{f"{rng.randrange(10**5):05d}": f"{rng.randrange(10**5):05d}" for _ in range(10)} for _ in range(500)]
     ds = chute.write(({"data": d} for d in dicts), tmp_path / "ds", shard_size=20_000)

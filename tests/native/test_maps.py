@@ -112,7 +112,7 @@ def test_dicts_from_values_rebuilds_rows_from_decoded_values(case):
 
 
 def test_w1_rows_come_back_as_written():
-    """MISSION.md section 1: ten 5-digit string keys to 5-digit string values per sample."""
+    """W1: ten 5-digit string keys to 5-digit string values per sample."""
     rng = np.random.default_rng(0)
     rows = [{str(k): str(v) for k, v in zip(rng.integers(10000, 100000, 10), rng.integers(10000, 100000, 10))} for _ in range(300)]
     map_type = pa.map_(pa.large_string(), pa.large_string())

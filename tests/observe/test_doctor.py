@@ -74,7 +74,7 @@ def test_a_dataset_bigger_than_memory_and_a_cpu_quota_are_flagged():
     ds = FakeDataset("/data/ds", shards=100, nbytes=100 * GiB, rows=10)
     checks = _by_name(doctor.check(_env(cpu_quota=2.0), ds))
     assert checks["memory"].status == "warn" and "does not fit in the page cache" in checks["memory"].found
-    assert checks["CPUs"].status == "warn" and "max_threads=2" in checks["CPUs"].advice
+    assert checks["CPUs"].status == "warn" and "workers=chute.Workers(max_count=2)" in checks["CPUs"].advice
 
 
 def test_a_remote_dataset_without_its_backend_fails_with_the_install_line():

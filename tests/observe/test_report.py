@@ -6,6 +6,7 @@ import json
 import re
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -75,16 +76,53 @@ def test_a_slow_collate_is_named(ds):
     assert report.what_if is None  # no CPU left to add threads with
 
 
-def test_a_loop_slower_than_its_data_is_not_data_bound(ds):
-    loader = chute.Loader(ds, BATCH, workers=1)
+class ControlledClock:
+    """``time.perf_counter_ns`` for the loop's measurements, moved only by the test's "training step".
+
+    The loop's wait and compute are wall-clock spans, so any assertion on their
+    ratio depends on the machine's load. Under this clock a wait lasts exactly
+    what the test says it does (here: nothing, the data is always ready in the
+    clock's time) and a step exactly its ``advance``: the report is computed
+    from numbers the test chose, end to end through the real pipeline.
+    """
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float) -> None:
+        self.ns += int(seconds * 1e9)
+
+    def install(self, monkeypatch, *modules) -> None:
+        """Make ``modules`` (which ``import time``) read this clock; everything else in ``time`` is the real one."""
+        fake = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+        fake.perf_counter_ns = self
+        for module in modules:
+            monkeypatch.setattr(module, "time", fake)
+
+
+STEP_S = 0.02  # the training step, in the controlled clock's time
+
+
+def test_a_loop_slower_than_its_data_is_not_data_bound(ds, monkeypatch):
+    from chute.observe import passes
+    from chute.pipeline import run
+
+    clock = ControlledClock()
+    clock.install(monkeypatch, run, passes)  # the loop's stream and the pass's window
+    loader = chute.Loader(ds, BATCH, workers=chute.Workers(count=1, prefetch=4))
     for _ in loader:
-        time.sleep(0.02)  # long enough that the first batch's start-up wait stays well under 5% of the pass
+        clock.advance(STEP_S)
     report = loader.report()
-    assert report.wait_fraction < 0.05
+    # exactly the controlled times: a clock that stopped controlling the loop would fail here, not flake
+    assert report.wait_s == 0.0
+    assert report.compute_s == pytest.approx(N // BATCH * STEP_S)
+    assert report.wait_fraction == 0.0
     assert report.bottleneck_stage is None
-    assert "compute sets the pace" in report.bottleneck_cause
+    assert "waited for data only 0% of its time, so its own compute sets the pace" in report.bottleneck_cause
     assert report.what_if is None
-    assert report.compute_s >= N // BATCH * 0.02
 
 
 def fail_on_multiples_of_7(sample):
@@ -231,20 +269,40 @@ def test_observe_measures_a_data_bound_generator():
     assert data["bottleneck"] == {"stage": None, "cause": UNKNOWN_STAGE}
 
 
-def test_observe_around_a_torch_dataloader_with_compute():
+class TimedLoader:
+    """A torch DataLoader whose every batch takes ``wait_s`` of the controlled clock to arrive."""
+
+    def __init__(self, loader, clock: ControlledClock, wait_s: float) -> None:
+        self.loader, self.clock, self.wait_s = loader, clock, wait_s
+        self.dataset = loader.dataset
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.clock.advance(self.wait_s)
+            yield batch
+
+
+def test_observe_around_a_torch_dataloader_with_compute(monkeypatch):
+    from chute.observe import consumer
+
+    clock = ControlledClock()
+    clock.install(monkeypatch, consumer)
     dataset = torch.utils.data.TensorDataset(torch.arange(96.0).reshape(48, 2), torch.arange(48))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=16)
-    observed = chute.observe(loader)
+    observed = chute.observe(TimedLoader(torch.utils.data.DataLoader(dataset, batch_size=16), clock, 0.001))
     assert len(observed) == 3 and observed.dataset is dataset
     for _ in range(2):
         for x, y in observed:
-            time.sleep(0.02)  # the "training step"
+            clock.advance(STEP_S)  # the "training step"
     report = observed.report()
     assert (report.batches, report.samples) == (3, 48)  # the last pass
-    assert report.wait_fraction < 0.05
-    assert "compute sets the pace" in report.bottleneck_cause
-    assert report.compute_s >= 0.06
-    assert observed.report(whole=True).batches == 6
+    assert report.wait_s == pytest.approx(0.003) and report.compute_s == pytest.approx(3 * STEP_S)
+    assert report.wait_fraction == pytest.approx(0.001 / (0.001 + STEP_S))  # 4.8%
+    assert "waited for data only 5% of its time, so its own compute sets the pace" in report.bottleneck_cause
+    whole = observed.report(whole=True)
+    assert (whole.batches, whole.wait_s, whole.compute_s) == (6, pytest.approx(0.006), pytest.approx(6 * STEP_S))
 
 
 def test_a_remote_dataset_waiting_on_downloads_is_blamed_on_fetch(tmp_path):

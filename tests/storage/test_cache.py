@@ -264,3 +264,36 @@ def test_a_cached_copy_damaged_after_its_download(http_server, tmp_path):
         again.verify()
     os.unlink(path)  # what the message says to do: the next read downloads it again
     assert np.array_equal(chute.open(url, cache_dir=cache_dir)[5]["x"], want)
+
+
+def test_a_step_waits_for_its_own_use_of_a_shard_not_an_earlier_one(http_server, served, tmp_path):
+    """A shard read at steps 0 and 2 is held twice, once per use. The batch of step 2 must wait
+    for the second hold: the first goes when the consumer passes step 0, maybe while step 2
+    reads, and a read left without a loader's hold keeps the shard (and its share of the
+    cache) after the pass."""
+    import threading
+
+    from chute.storage.fetcher import Fetcher
+
+    ds = chute.open(served, cache_dir=str(tmp_path / "cache"))
+    a, b = 0, 1
+    uses = [(0, 0, a), (1, 1, b), (2, 2, a)]
+    fetcher = Fetcher(ds.cache, uses, threads=1, ahead=ds.shards[a].bytes + ds.shards[b].bytes)  # room for 2 uses
+    try:
+        fetcher.wait(0, [a])
+        fetcher.wait(1, [b])
+        done = threading.Event()
+        waiter = threading.Thread(target=lambda: (fetcher.wait(2, [a]), done.set()))
+        waiter.start()
+        assert not done.wait(0.5), "step 2 went ahead on the hold of step 0"
+        assert ds.cache.held(a) == 1
+        fetcher.received(0)  # the first use of a goes: now the second can start
+        assert done.wait(30)
+        waiter.join(10)
+        assert ds.cache.held(a) == 1  # the hold of step 2's use
+        fetcher.received(1)
+        fetcher.received(2)
+        assert ds.cache.held(a) == 0 and ds.cache.held(b) == 0
+    finally:
+        fetcher.close()
+    assert chute_threads() == []
