@@ -3,30 +3,40 @@
 :class:`Policy` is the decision logic, a small class fed one :class:`Window`
 of measurements at a time (no threads, no clock: testable with numbers).
 :class:`Autotuner` runs it during a Loader's pass: every ``window_s`` seconds
-(and at least ``window_batches`` batches) it takes the counters' deltas, asks
-the policy, applies its settings to the worker pool and logs the decisions
-(logger ``"chute"``, level INFO; ``loader.report()`` lists them).
+(and at least ``window_batches`` batches) it takes the counters' deltas and
+the CPU time used, asks the policy, applies its settings to the worker pool
+and logs the decisions (logger ``"chute"``, level INFO; ``loader.report()``
+lists them, and its what-if line quotes the last measured step).
 
 The rules (thresholds are the constants below):
 
 * The loop is *data-bound* in a window when it waited for data at least
   ``WAIT`` of its time. Otherwise nothing is added (and the depth may shrink).
-* Data-bound and the worker threads busy at least ``BUSY`` of their time: add
-  one thread (and keep the depth at 2 per thread), unless the CPU budget
-  (``max_threads``, default the CPUs this process may run on) or the memory
-  budget (at most ``max_bytes // batch bytes`` batches in flight, and a thread
-  needs a batch in flight to work on) is reached. A thread is only added after
-  ``SETTLE`` windows at the current settings (the first window of a pass, its
-  start-up, does not give a rate), and the best of them is the rate it is
+* Every change that is meant to end the waiting is a **trial**: it is made
+  after ``SETTLE`` windows at the current settings (the first window of a pass,
+  its start-up, does not give a rate) and the best of them is the rate it is
   judged against; it is judged on the best of the ``SETTLE`` windows after it
-  (the first of which the change itself disturbs): if the loop still waits and
-  samples/s did not rise by ``GAIN``, the thread is removed again and the count
-  it reached becomes a ceiling for the rest of the loader's life (e.g. work
-  that holds the GIL). Best-of-two makes one disturbed window (another process
-  taking the CPU for a moment) neither start nor end a trial.
+  (the first of which the change itself disturbs). If the loop still waits and
+  samples/s did not rise by ``GAIN``, the change is undone and the setting it
+  came from becomes a ceiling for the rest of the loader's life. Best-of-two
+  makes one disturbed window (another process taking the CPU for a moment)
+  neither start nor end a trial. Each judged trial is kept as a :class:`Step`
+  (before and after, measured): the report's advice comes from these, never
+  from a model of how threads scale.
+* Data-bound and the worker threads busy at least ``BUSY`` of their time: try
+  one more thread, if the budgets allow it. The **CPU budget** counts CPU
+  actually used (the process's CPU time over the window, ``os.times``): a thread
+  is added while the cores in use plus one more worker's share (the workers'
+  CPU time over the threads) fit in the budget (default the CPUs this process
+  may run on), with ``CPU_SLACK`` of a core to spare. Threads that wait (I/O,
+  sleeps) use little CPU, so more of them fit. ``max_threads`` is a hard cap
+  on the count (``chute.Workers(max_count=)``). The **memory budget** allows at
+  most ``max_bytes // batch bytes`` batches in flight, and a thread needs a
+  batch in flight to work on.
 * Data-bound while the workers were idle (they had no batch to build because
-  the depth was full of batches the loop had not reached): deepen the prefetch
-  by half, within the memory budget. The depth reached becomes a floor.
+  the depth was full of batches the loop had not reached): try a prefetch
+  half as deep again, within the memory budget. Kept, the depth becomes a
+  floor; undone, a ceiling.
 * Not data-bound and at least 3 finished batches always waiting when the loop
   took one, for ``CALM`` windows in a row: the depth shrinks by one, not below
   the floor nor below threads + 1 (it never drains, so it is more than needed).
@@ -39,6 +49,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -50,22 +62,30 @@ if TYPE_CHECKING:
 WAIT = 0.05
 #: The worker pool is saturated when its threads are busy at least this share of their time.
 BUSY = 0.80
-#: A thread added while data-bound must raise samples/s by this factor (or end the waiting) to stay.
+#: A change made while data-bound must raise samples/s by this factor (or end the waiting) to stay.
 GAIN = 1.05
 #: Calm windows (no waiting, >= 3 batches always ready) before the depth shrinks by one.
 CALM = 2
-#: Windows at the same settings (the first one of a pass not counted) before a thread is added:
-#: the rate a new thread is judged against is the best of these, not a window disturbed by a change.
+#: Windows at the same settings (the first one of a pass not counted) before a trial starts or is judged.
 SETTLE = 2
+#: Share of a core the CPU in use may exceed the budget by when one more thread is tried.
+CPU_SLACK = 0.25
 #: Default memory budget: bytes of finished or building batches in flight.
 DEFAULT_MAX_BYTES = 512 << 20
+#: Steps (judged trials) remembered.
+STEPS = 32
 
 log = logging.getLogger("chute")
 
 
+def default_max_threads(cpus: int) -> int:
+    """The default cap on worker threads: threads that wait on I/O use little CPU, so more than the CPUs."""
+    return max(16, 4 * cpus)
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
-    """What happened during one tuning window (differences of the counters)."""
+    """What happened during one tuning window (differences of the counters and CPU clocks)."""
 
     seconds: float  # wall time of the window
     wait_s: float  # the loop blocked in next()
@@ -76,6 +96,8 @@ class Window:
     idle_s: float  # worker threads waiting for a task
     min_ready: int | None = None  # fewest finished batches waiting when the loop took one
     batch_bytes: float = 0.0  # mean bytes of a batch
+    cpu_s: float | None = None  # CPU time the whole process used (None: not measured)
+    loop_cpu_s: float = 0.0  # CPU time of the training loop's own thread (part of cpu_s)
 
     @property
     def wait_fraction(self) -> float:
@@ -93,6 +115,18 @@ class Window:
         """Samples per second delivered to the loop."""
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def cores(self) -> float | None:
+        """Cores the process used on average (None: not measured)."""
+        return self.cpu_s / self.seconds if self.cpu_s is not None and self.seconds > 0 else None
+
+    @property
+    def worker_cores(self) -> float | None:
+        """Cores used outside the training loop's thread: the workers (and any other thread of the process)."""
+        if self.cpu_s is None or self.seconds <= 0:
+            return None
+        return max(0.0, self.cpu_s - self.loop_cpu_s) / self.seconds
+
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
@@ -106,32 +140,92 @@ class Decision:
         return {"time_s": round(self.time_s, 3), "change": self.change, "reason": self.reason}
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A trial the policy judged: the change, the loop's samples/s and wait share before and after, kept or undone.
+
+    Before is the best of the ``SETTLE`` windows ahead of the change, after
+    the best of the ``SETTLE`` windows that followed it (each with its wait).
+    """
+
+    change: str  # "threads 1 -> 2", "prefetch 8 -> 12"
+    before_rate: float
+    after_rate: float
+    before_wait: float
+    after_wait: float
+    kept: bool
+
+    @property
+    def kind(self) -> str:
+        return self.change.split()[0]
+
+    @property
+    def to(self) -> int:
+        """The setting the trial went to."""
+        return int(self.change.split()[-1])
+
+    @property
+    def gain(self) -> float:
+        return self.after_rate / self.before_rate if self.before_rate > 0 else math.inf
+
+    def describe(self) -> str:
+        """E.g. ``threads 1 -> 2 took samples/s from 1,000 to 1,520 (+52%) and the wait from 50% to 12%: kept``."""
+        return (
+            f"{self.change} took samples/s from {self.before_rate:,.0f} to {self.after_rate:,.0f} "
+            f"({self.gain - 1:+.0%}) and the loop's wait from {self.before_wait:.0%} to {self.after_wait:.0%}: "
+            + ("kept" if self.kept else "undone")
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "change": self.change, "before_rate": round(self.before_rate, 3), "after_rate": round(self.after_rate, 3),
+            "before_wait": round(self.before_wait, 4), "after_wait": round(self.after_wait, 4), "kept": self.kept,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trial:
+    """A change under trial: what to go back to, and the rate and wait it is judged against."""
+
+    kind: str  # "threads" or "prefetch"
+    threads: int
+    depth: int
+    rate: float
+    wait: float
+    change: str
+
+
 class Policy:
     """Decides threads and prefetch depth from one window of measurements at a time.
 
     ``threads`` and ``depth`` are the current settings (read them after
-    :meth:`step`). ``max_threads`` is the CPU budget, ``max_bytes`` the memory
-    budget for batches in flight; ``tune_threads``/``tune_depth`` say which
-    of the two settings the policy may change.
+    :meth:`step`). ``max_threads`` caps the thread count, ``cpu_budget`` is
+    the cores the process may use (default ``max_threads``), ``max_bytes`` the
+    memory budget for batches in flight; ``tune_threads``/``tune_depth`` say
+    which of the two settings the policy may change. ``steps`` holds the
+    judged trials, latest last.
     """
 
     def __init__(
-        self, threads: int, depth: int, *, max_threads: int, max_bytes: int = DEFAULT_MAX_BYTES,
-        tune_threads: bool = True, tune_depth: bool = True,
+        self, threads: int, depth: int, *, max_threads: int, cpu_budget: float | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES, tune_threads: bool = True, tune_depth: bool = True,
     ) -> None:
         if threads < 1 or depth < 1 or max_threads < 1:
             raise ValueError(f"threads, depth and max_threads must be at least 1, got {threads}, {depth}, {max_threads}")
         self.threads = threads
         self.depth = depth
         self.max_threads = max_threads
+        self.cpu_budget = float(max_threads if cpu_budget is None else cpu_budget)
         self.max_bytes = max_bytes
         self.tune_threads = tune_threads
         self.tune_depth = tune_depth
         self.ceiling = max_threads  # lowered when a thread did not help
-        self.floor = 1  # the depth the policy deepened to because the loop waited
+        self.depth_ceiling = 1 << 30  # lowered when a deeper prefetch did not help
+        self.floor = 1  # the depth a kept deepening reached
         self.batch_bytes = 0.0  # the largest mean batch size seen
-        self._trial: tuple[float, int, int] | None = None  # (samples/s, threads, depth) before a thread was added
-        self._steady: list[float] = []  # samples/s of the windows since the last change (or pass start)
+        self.steps: collections.deque[Step] = collections.deque(maxlen=STEPS)
+        self._trial: _Trial | None = None
+        self._steady: list[tuple[float, float]] = []  # (samples/s, wait share) of the windows since the last change
         self._first_of_pass = False
         self._calm = 0
         self._said: set[str] = set()  # one-time notes already made
@@ -160,50 +254,52 @@ class Policy:
         if self.tune_threads and self.threads > self._thread_limit():
             # the memory budget allows fewer batches in flight than threads: the extra ones would idle
             changes.append(self._set_threads(self._thread_limit(), f"only {limit} batch(es) fit in the memory budget"))
-        if not changes:  # the first window of a pass counts as a window, but its rate is start-up's: NaN
-            self._steady.append(float("nan") if self._first_of_pass else window.rate)
+        if changes:
+            self._trial = None  # the settings moved under the trial: nothing to judge
+        else:  # the first window of a pass counts as a window, but its rate is start-up's: NaN
+            self._steady.append((math.nan if self._first_of_pass else window.rate, window.wait_fraction))
         self._first_of_pass = False
         settled = len(self._steady) >= SETTLE
-        best = max((r for r in self._steady[-SETTLE:] if r == r), default=None)  # r == r: not the NaN placeholder
+        best = max((s for s in self._steady[-SETTLE:] if s[0] == s[0]), default=None)  # s[0] == s[0]: not NaN
         if self._trial is not None:
             if not settled:
-                return changes  # judge the new thread on SETTLE windows, not on the one disturbed by the change
-            rate, threads, depth = self._trial
-            self._trial = None
-            if window.wait_fraction >= WAIT and (best is None or best < rate * GAIN) and self.threads > threads:
-                self.ceiling = threads
-                changes.append(self._set_threads(
-                    threads,
-                    f"thread {threads + 1} did not help: {rate:,.0f} -> {best or 0:,.0f} samples/s; "
-                    f"staying at {threads} (the work may hold the GIL)",
-                ))
-                if self.tune_depth and self.depth != depth:
-                    changes.append(self._set_depth(min(depth, limit), "back with the thread count"))
+                return changes  # judge the change on SETTLE windows, not on the one disturbed by it
+            changes.extend(self._judge(self._trial, best, window, limit))
+            if changes:
                 return changes
         wait, busy = window.wait_fraction, window.utilisation
         if wait >= WAIT:
             self._calm = 0
             if busy >= BUSY and self.tune_threads:
-                if self.threads < min(self.ceiling, self._thread_limit()):
+                cpu = self._cpu_full(window)
+                if self.threads < min(self.ceiling, self._thread_limit()) and cpu is None:
                     if not settled or best is None:
                         return changes  # one more window at these settings first
-                    self._trial = (best, self.threads, self.depth)
-                    changes.append(self._set_threads(
+                    change = self._set_threads(
                         self.threads + 1,
-                        f"the loop waited {wait:.0%} of its time and the {self.threads} worker thread(s) were {busy:.0%} busy",
-                    ))
-                    if self.tune_depth and self.depth < 2 * self.threads:
-                        changes.append(self._set_depth(min(limit, 2 * self.threads), "2 batches in flight per thread"))
+                        f"the loop waited {wait:.0%} of its time and the {self.threads} worker thread(s) were {busy:.0%} busy"
+                        + (f"; {window.cores:.2f} of {self.cpu_budget:g} cores in use" if window.cores is not None else ""),
+                    )
+                    self._trial = _Trial("threads", self.threads - 1, self.depth, best[0], best[1], change[0])
+                    changes.append(change)
+                    want = min(limit, self.depth_ceiling, 2 * self.threads)
+                    if self.tune_depth and self.depth < want:
+                        changes.append(self._set_depth(want, "2 batches in flight per thread"))
                 else:
-                    changes.extend(self._note_cap(wait, busy, limit))
-            elif busy < BUSY and self.tune_depth and window.min_ready in (None, 0) and self.depth < limit:
-                new = min(limit, self.depth + max(1, self.depth // 2))
-                self.floor = new
-                changes.append(self._set_depth(
-                    new,
-                    f"the loop waited {wait:.0%} of its time while the workers were idle {1 - busy:.0%} of theirs: "
-                    "batches were not started early enough",
-                ))
+                    changes.extend(self._note_cap(wait, busy, limit, cpu))
+            elif busy < BUSY and self.tune_depth and window.min_ready in (None, 0):
+                top = min(limit, self.depth_ceiling)
+                if self.depth < top:
+                    if not settled or best is None:
+                        return changes
+                    old, new = self.depth, min(top, self.depth + max(1, self.depth // 2))
+                    change = self._set_depth(
+                        new,
+                        f"the loop waited {wait:.0%} of its time while the workers were idle {1 - busy:.0%} of theirs: "
+                        "batches were not started early enough",
+                    )
+                    self._trial = _Trial("prefetch", self.threads, old, best[0], best[1], change[0])
+                    changes.append(change)
         elif self.tune_depth and window.min_ready is not None and window.min_ready >= 3:
             self._calm += 1
             lowest = max(self.floor, self.threads + 1)
@@ -219,9 +315,49 @@ class Policy:
 
     # ---------------------------------------------------------------- helpers
 
+    def _judge(self, trial: _Trial, best: tuple[float, float] | None, window: Window, limit: int) -> list[tuple[str, str]]:
+        """Keep or undo the change under trial; remember it as a :class:`Step`."""
+        self._trial = None
+        after_rate, after_wait = best if best is not None else (0.0, window.wait_fraction)
+        kept = after_wait < WAIT or after_rate >= trial.rate * GAIN
+        self.steps.append(Step(trial.change, trial.rate, after_rate, trial.wait, after_wait, kept))
+        if kept:
+            if trial.kind == "prefetch":
+                self.floor = self.depth
+            return []
+        measured = f"{trial.rate:,.0f} -> {after_rate:,.0f} samples/s"
+        if trial.kind == "threads":
+            self.ceiling = trial.threads
+            changes = [self._set_threads(
+                trial.threads,
+                f"thread {trial.threads + 1} did not help: {measured}; staying at {trial.threads} "
+                "(the work may hold the GIL, or share one resource)",
+            )]
+            if self.tune_depth and self.depth != trial.depth:
+                changes.append(self._set_depth(min(trial.depth, limit), "back with the thread count"))
+            return changes
+        self.depth_ceiling = trial.depth
+        return [self._set_depth(
+            min(trial.depth, limit),
+            f"prefetch {self.depth} did not help: {measured}; back to {trial.depth} (the wait is not for lack of batches started)",
+        )]
+
     def _thread_limit(self) -> int:
-        """Threads the budgets allow: the CPU budget, and one batch in flight per thread."""
+        """Threads the budgets allow by count: ``max_threads``, and one batch in flight per thread."""
         return max(1, min(self.max_threads, self.depth_limit()))
+
+    def _cpu_full(self, window: Window) -> str | None:
+        """Why one more thread would not fit the CPU budget, or None if it fits (or CPU was not measured)."""
+        cores, workers = window.cores, window.worker_cores
+        if cores is None or workers is None:
+            return None
+        per_thread = workers / self.threads
+        if cores + per_thread <= self.cpu_budget + CPU_SLACK:
+            return None
+        return (
+            f"the CPU budget is used: {cores:.2f} of {self.cpu_budget:g} cores busy, "
+            f"and a worker thread uses about {per_thread:.2f}"
+        )
 
     def _set_threads(self, threads: int, reason: str) -> tuple[str, str]:
         change = f"threads {self.threads} -> {threads}"
@@ -235,10 +371,12 @@ class Policy:
         self._steady = []
         return change, reason
 
-    def _note_cap(self, wait: float, busy: float, limit: int) -> list[tuple[str, str]]:
+    def _note_cap(self, wait: float, busy: float, limit: int, cpu: str | None) -> list[tuple[str, str]]:
         """Say once why no thread is added although the loop waits."""
-        if self.threads >= self.max_threads:
-            key, why = "cpu", f"the CPU budget of {self.max_threads} thread(s) is reached"
+        if cpu is not None:
+            key, why = "cpu", cpu
+        elif self.threads >= self.max_threads:
+            key, why = "count", f"the thread budget of {self.max_threads} is reached (chute.Workers(max_count=))"
         elif self.threads >= limit:
             key, why = "memory", f"the memory budget ({_mb(self.max_bytes)}) allows {limit} batch(es) in flight"
         else:
@@ -271,6 +409,7 @@ class Autotuner:
         self.decisions: collections.deque[Decision] = collections.deque(maxlen=history)
         self.next_ns = 0
         self._last = None
+        self._cpu: tuple[float, float, int] = (0.0, 0.0, 0)
         self.on_change: Callable[[int, int], None] | None = None  # called with (threads, depth) after a change
 
     def start_pass(self) -> None:
@@ -292,6 +431,7 @@ class Autotuner:
         counters = self.counters
         if self._last is None:  # the first batch: the window starts now, after the start-up latency
             self._last = counters.snapshot()
+            self._cpu = _cpu_clocks()
             self.next_ns = now_ns + self.window_ns
             meter.take_ready()
             return
@@ -302,9 +442,9 @@ class Autotuner:
         if batches_left <= 2 * policy.depth + policy.threads:
             self.next_ns = 1 << 62  # the tail of the pass: workers run out of work, nothing to learn
             return
-        snap = counters.snapshot()
+        snap, cpu = counters.snapshot(), _cpu_clocks()
         delta = snap - self._last
-        self._last = snap
+        (cpu_s, loop_cpu_s), self._last, self._cpu = _cpu_used(self._cpu, cpu), snap, cpu
         self.next_ns = now_ns + self.window_ns
         workers = delta.stages["workers"]
         out_bytes = max(delta.stages["read"].nbytes, delta.stages["transform"].nbytes)  # gathered vs finished
@@ -319,6 +459,8 @@ class Autotuner:
             idle_s=workers.wait_out_ns / 1e9,
             min_ready=meter.take_ready(),
             batch_bytes=out_bytes / workers.items if workers.items else 0.0,
+            cpu_s=cpu_s,
+            loop_cpu_s=loop_cpu_s,
         )
         before = (policy.threads, policy.depth)
         changes = policy.step(window)
@@ -334,3 +476,14 @@ class Autotuner:
                 executor.set_depth(policy.depth)
             if self.on_change is not None:
                 self.on_change(policy.threads, policy.depth)
+
+
+def _cpu_clocks() -> tuple[float, float, int]:
+    """``(process CPU s, this thread's CPU s, this thread's id)``: the process's CPU counts every thread."""
+    return time.process_time(), time.thread_time(), threading.get_ident()
+
+
+def _cpu_used(before: tuple[float, float, int], after: tuple[float, float, int]) -> tuple[float, float]:
+    """``(process CPU s, loop thread CPU s)`` between two readings (the loop's 0 if the windows ended on other threads)."""
+    loop = after[1] - before[1] if after[2] == before[2] else 0.0
+    return max(0.0, after[0] - before[0]), max(0.0, loop)

@@ -167,6 +167,7 @@ class LoaderMeter:
             cache=cache_window(cache, cache_start), skipped=skipped, cpu_s=cpu_s, cpu_budget=cpu_budget,
             first_batch_s=None if first is None else first / 1e9, workers_kind=workers_kind,
             threads_changed=(int(moves[0][1]), int(moves[-1][-1])) if moves else None,
+            steps=tuple(self.tuner.policy.steps) if self.tuner is not None else (),
         )
         return build(window, context)
 

@@ -4,7 +4,8 @@
 and says: the share of the loop's time spent waiting for data, each stage's
 throughput and utilisation, which stage held the loop back and why, the
 cache's hit rate and downloads, skipped samples, the autotuner's settings and
-recent decisions, and a what-if line when the numbers support one.
+recent decisions, and a what-if line that quotes the autotuner's last
+measured step (a change it tried, before and after: never a projection).
 ``str(report)`` is for people, ``report.to_json()`` for logs.
 
 Attribution, in this order, once the loop waits at least ``DATA_BOUND`` of its time:
@@ -27,7 +28,7 @@ import dataclasses
 import json
 from typing import Any
 
-from chute.observe.autotune import Decision
+from chute.observe.autotune import CPU_SLACK, Decision, Step
 from chute.observe.counters import ConsumerTotals, Snapshot
 
 #: The loop is called data-bound when it waits at least this share of its time.
@@ -207,6 +208,7 @@ class Context:
     first_batch_s: float | None = None
     workers_kind: str = "threads"  # "threads" or "processes"
     threads_changed: tuple[int, int] | None = None  # the autotuner went from .. to .. threads in the window
+    steps: tuple[Step, ...] = ()  # the autotuner's judged trials, latest last
 
 
 def build(window: Snapshot, context: Context) -> Report:
@@ -360,43 +362,41 @@ def _attribute(
                 f"; the process used only {cores:.1f} cores, so the work holds the GIL: "
                 "workers='processes' would run it in parallel"
             )
-        elif threads >= budget:
-            how += f"; the CPU budget ({budget} cores) is used"
-        what_if = None if gil else _what_if(consumer, pool_busy or pool_work, threads, budget, context.workers_kind)
+        elif cores is not None and cores >= budget - CPU_SLACK:
+            how += f"; the CPU budget is used ({cores:.1f} of {budget} cores)"
+        elif cores is not None:
+            how += f"; the process used {cores:.2f} of {budget} cores"
         if context.threads_changed is not None:
             a, b = context.threads_changed
             how += f" (the autotuner went from {a} to {b} threads during this window)"
-            what_if = None  # the figures mix thread counts: no projection from them
-        return name, f"{what}; {how}", what_if
+        return name, f"{what}; {how}", _what_if(context, "threads", threads)
     how = (
         f"{wait} while the {kind} {were} idle {1 - pool_util:.0%} of the time: batches are not started early "
         f"enough (prefetch {context.settings.get('prefetch')}) or a stage outside the pool is slow"
     )
-    return name, f"{what}; {how}", None
+    return name, f"{what}; {how}", _what_if(context, "prefetch", threads)
 
 
-def _what_if(consumer: ConsumerTotals, pool_busy_s: float, threads: int, budget: int, kind: str) -> str | None:
-    """'k more threads would remove about X% of the wait', if the CPU budget has room and it is worth it.
+def _what_if(context: Context, kind: str, threads: int) -> str | None:
+    """What the autotuner's last measured ``kind`` step did (and what would let it measure the next), or None.
 
-    Model: each worker delivers ``samples / pool_busy_s`` samples per second
-    of its time, independently (the stage scales with threads: not claimed when
-    the work seems to hold the GIL); the loop needs a sample every
-    ``compute_s / samples`` seconds.
+    Only measurements: the same change made while the loop waited, its
+    samples/s and wait before and after (``Step``). Without one, nothing is
+    projected; with the thread count set by hand, the line says how to have
+    the next thread measured.
     """
-    samples = consumer.samples
-    wait = consumer.wait_ns / 1e9
-    if samples <= 0 or pool_busy_s <= 0 or wait <= 0 or threads >= budget:
+    steps = [s for s in context.steps if s.kind == kind]
+    settings = context.settings
+    if not steps:
+        if kind == "threads" and context.workers_kind == "threads" and "threads" not in settings.get("tuned", ["threads"]):
+            return (
+                f"not measured: the thread count is set by hand ({threads}); leave chute.Workers(count=) unset "
+                f"and the autotuner measures what thread {threads + 1} does"
+            )
         return None
-    per_worker = samples / pool_busy_s
-    compute = consumer.compute_ns / 1e9 / samples
-    now = (consumer.wait_ns + consumer.compute_ns) / 1e9 / samples
-    best_k, best = 0, 0.0
-    for k in range(1, budget - threads + 1):
-        new = max(compute, 1.0 / ((threads + k) * per_worker))
-        removed = min(1.0, max(0.0, (now - new) / (wait / samples)))
-        if removed > best + 0.05:
-            best_k, best = k, removed
-    if best_k == 0 or best < 0.2:
-        return None
-    noun = "worker process" if kind == "processes" else "thread"
-    return f"{best_k} more {noun}{'s' if best_k > 1 else ''} would remove about {round(best * 20) * 5}% of the wait"
+    step = steps[-1]
+    text = f"measured: {step.describe()}"
+    cap = settings.get("max_threads")
+    if kind == "threads" and step.kept and cap is not None and threads >= cap:
+        text += f"; chute.Workers(max_count={cap + 1}) lets the autotuner measure thread {cap + 1}"
+    return text

@@ -170,24 +170,26 @@ class Loader:
 
     def _setup_measurement(self, on: bool) -> None:
         """The always-on counters, the autotuner, the stall history (docs/observe.md)."""
-        from chute.observe.autotune import DEFAULT_MAX_BYTES, Autotuner, Policy
+        from chute.observe.autotune import DEFAULT_MAX_BYTES, Autotuner, Policy, default_max_threads
         from chute.observe.counters import Counters
         from chute.observe.passes import LoaderMeter, cpu_budget
         from chute.observe.watchdog import WaitHistory
 
         w = self.workers
-        self.max_threads = w.max_count if w.max_count is not None else cpu_budget()
+        self.cpu_budget = cpu_budget()  # cores; the autotuner counts the CPU its threads really use against it
+        self.max_threads = w.max_count if w.max_count is not None else default_max_threads(self.cpu_budget)
         self.max_prefetch_bytes = w.max_prefetch_bytes if w.max_prefetch_bytes is not None else DEFAULT_MAX_BYTES
         if w.count is not None:
             self.num_threads = w.count
         else:  # threads start small and are autotuned; processes are not
-            self.num_threads = 1 if w.kind == "threads" else min(8, self.max_threads)
+            self.num_threads = 1 if w.kind == "threads" else min(8, w.max_count or self.cpu_budget)
         self.prefetch = w.prefetch if w.prefetch is not None else self._first_depth()
         self.counters = Counters() if on else None
         tuner = None
         if self.counters is not None and w.kind == "threads" and (w.count is None or w.prefetch is None):
             policy = Policy(
-                self.num_threads, self.prefetch, max_threads=self.max_threads, max_bytes=self.max_prefetch_bytes,
+                self.num_threads, self.prefetch, max_threads=self.max_threads, cpu_budget=self.cpu_budget,
+                max_bytes=self.max_prefetch_bytes,
                 tune_threads=w.count is None, tune_depth=w.prefetch is None,
             )
             tuner = Autotuner(policy, self.counters)
@@ -433,7 +435,7 @@ class Loader:
             "max_threads": self.max_threads,
             "max_prefetch_bytes": self.max_prefetch_bytes,
         }
-        return self._meter.report(settings, self.max_threads, self.workers.kind, since)
+        return self._meter.report(settings, self.cpu_budget, self.workers.kind, since)
 
     def trace(self, path: str | os.PathLike, batches: int | None = None) -> str:
         """Write a Chrome trace (Perfetto, chrome://tracing) of the last batches to ``path``; return the path."""

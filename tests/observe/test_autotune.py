@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 
 import chute
-from chute.observe.autotune import Policy, Window
+from chute.observe.autotune import Policy, Step, Window
+from chute.observe.report import Context, build
+from tests.observe.test_report import window
 
 # ---------------------------------------------------------------- the policy, fed numbers
 
@@ -23,7 +26,7 @@ def data_bound(rate: float = 1000.0, busy: float = 0.95, wait: float = 0.5, min_
     )
 
 
-def test_adds_threads_while_the_loop_waits_and_stops_at_the_cpu_budget():
+def test_adds_threads_while_the_loop_waits_and_stops_at_the_thread_cap():
     policy = Policy(1, 2, max_threads=3)
     rate = 100.0
     for _ in range(10):
@@ -34,7 +37,8 @@ def test_adds_threads_while_the_loop_waits_and_stops_at_the_cpu_budget():
     assert policy.depth == 6  # 2 per thread
     notes = policy.step(data_bound(rate))  # still waiting: said once why it does not add more
     assert policy.threads == 3
-    assert notes == [] or "CPU budget" in notes[0][1]
+    assert notes == [] or "thread budget of 3" in notes[0][1]
+    assert [s.change for s in policy.steps] == ["threads 1 -> 2", "threads 2 -> 3"] and all(s.kept for s in policy.steps)
 
 
 def test_a_thread_is_added_and_judged_after_two_windows_at_the_same_settings():
@@ -47,6 +51,7 @@ def test_a_thread_is_added_and_judged_after_two_windows_at_the_same_settings():
     assert changes[0][0] == "threads 2 -> 1"
     assert "did not help: 1,000 -> 1,010 samples/s" in changes[0][1]
     assert (policy.threads, policy.depth, policy.ceiling) == (1, 2, 1)
+    assert list(policy.steps) == [Step("threads 1 -> 2", 1000.0, 1010.0, 0.5, 0.5, kept=False)]
     for _ in range(5):
         policy.step(data_bound(1000))
     assert policy.threads == 1
@@ -60,6 +65,7 @@ def test_a_thread_that_ends_the_waiting_stays_even_without_much_gain():
     policy.step(data_bound(1030, wait=0.01))  # +3%, but the loop no longer waits: the consumer sets the pace now
     policy.step(data_bound(1030, wait=0.01))
     assert policy.threads == 4
+    assert policy.steps[-1].kept
 
 
 def test_the_first_window_of_a_pass_is_not_a_baseline():
@@ -90,15 +96,26 @@ def test_a_depth_over_the_memory_budget_is_cut_at_once():
     assert changes[0][0] == "prefetch 8 -> 2" and "memory budget of 50.0 MB" in changes[0][1]
 
 
-def test_depth_grows_when_workers_idle_while_the_loop_waits_and_shrinks_when_it_never_drains():
-    policy = Policy(2, 4, max_threads=2)
-    policy.step(data_bound(busy=0.5, wait=0.3, min_ready=0))
-    assert policy.depth == 6
-    policy.step(data_bound(busy=0.5, wait=0.3, min_ready=0))
-    assert policy.depth == 9
-    for _ in range(4):  # the loop no longer waits, 5 batches always ready: but 9 was needed to stop the waiting
-        policy.step(data_bound(busy=0.5, wait=0.0, min_ready=5))
-    assert policy.depth == 9  # never below the depth that fixed a wait
+def test_a_deeper_prefetch_is_a_trial_kept_when_it_helps_and_undone_when_not():
+    policy = Policy(2, 8, max_threads=2)
+    idle = dict(busy=0.5, wait=0.3, min_ready=0)
+    policy.step(data_bound(1000, **idle))
+    assert policy.step(data_bound(1000, **idle))[0][0] == "prefetch 8 -> 12"
+    policy.step(data_bound(1200, **idle))
+    # +30%: kept (12 becomes the floor); the windows that judged it are the baseline of the next trial
+    changes = policy.step(data_bound(1300, **idle))
+    assert policy.floor == 12 and policy.steps[-1].kept
+    assert changes[0][0] == "prefetch 12 -> 18"
+    policy.step(data_bound(1300, **idle))
+    changes = policy.step(data_bound(1310, **idle))  # +1%: undone, and 12 becomes the ceiling
+    assert changes[0][0] == "prefetch 18 -> 12" and "did not help: 1,300 -> 1,310 samples/s" in changes[0][1]
+    assert policy.steps[-1] == Step("prefetch 12 -> 18", 1300.0, 1310.0, 0.3, 0.3, kept=False)
+    for _ in range(10):  # still waiting with idle workers: the depth does not climb again
+        policy.step(data_bound(1300, **idle))
+    assert policy.depth == 12
+    for _ in range(6):  # the loop no longer waits, 5 batches always ready: but 12 was needed to help
+        policy.step(data_bound(1300, busy=0.5, wait=0.0, min_ready=5))
+    assert policy.depth == 12  # never below the depth that helped
 
 
 def test_an_overprovisioned_depth_shrinks_to_threads_plus_one():
@@ -121,6 +138,109 @@ def test_nothing_changes_when_the_loop_does_not_wait():
     for _ in range(5):
         assert policy.step(data_bound(wait=0.01, min_ready=1)) == []
     assert (policy.threads, policy.depth) == (1, 2)
+
+
+def test_the_cpu_budget_counts_cpu_used_not_threads():
+    # Threads that wait on I/O: each uses 0.05 of a core; the budget of 2 cores does not stop them at 2 threads.
+    waiting = Policy(1, 8, max_threads=16, cpu_budget=2)
+    rate = 100.0
+    for _ in range(16):
+        t = waiting.threads
+        waiting.step(dataclasses.replace(data_bound(rate), cpu_s=0.05 * t + 0.02, loop_cpu_s=0.02))
+        rate = 100.0 * waiting.threads  # every thread adds its share
+    assert waiting.threads >= 6
+    # Threads that compute: each uses a whole core; the third would not fit in 2 cores.
+    computing = Policy(1, 8, max_threads=16, cpu_budget=2)
+    notes = []
+    for _ in range(12):
+        t = computing.threads
+        notes += computing.step(dataclasses.replace(data_bound(100.0 * t), cpu_s=1.0 * t + 0.05, loop_cpu_s=0.05))
+    assert computing.threads == 2
+    assert notes[-1][0] == "threads stay at 2"
+    assert "the CPU budget is used: 2.05 of 2 cores busy, and a worker thread uses about 1.00" in notes[-1][1]
+
+
+# ---------------------------------------------------------------- convergence, on models of known best settings
+
+
+def simulate(model, policy: Policy, windows: int = 80) -> list[float]:
+    """Feed ``policy`` the windows a pipeline following ``model`` would give; the rate at each window, as it goes.
+
+    ``model(threads, depth) -> (samples/s, cores used, worker busy share)``; the
+    loop needs at most ``LOOP_RATE`` samples/s and waits for the rest. A fixed
+    +-4% jitter (seeded) stands in for a shared machine.
+    """
+    jitter = np.random.default_rng(7).uniform(0.96, 1.04, windows)
+    rates = []
+    for k in range(windows):
+        rate, cores, busy = model(policy.threads, policy.depth)
+        rate = min(LOOP_RATE, rate * jitter[k])
+        wait = 1.0 - rate / LOOP_RATE
+        policy.step(Window(
+            seconds=1.0, wait_s=wait, compute_s=1.0 - wait, batches=int(rate / 64), samples=int(rate),
+            busy_s=busy * policy.threads, idle_s=(1 - busy) * policy.threads, min_ready=0 if wait > 0.05 else 3,
+            batch_bytes=1e6, cpu_s=cores + 0.05, loop_cpu_s=0.05,
+        ))
+        rates.append(model(policy.threads, policy.depth)[0])
+    return rates
+
+
+LOOP_RATE = 10_000.0
+
+
+def gil_bound(threads, depth):
+    """Python code holding the GIL: one core's worth whatever the threads; each extra thread costs 3% in switching."""
+    return 2_000.0 * (1 - 0.03 * (threads - 1)), 1.0, 0.97
+
+
+def io_bound(threads, depth):
+    """Each thread waits on reads: 1,500 samples/s per thread, 0.04 of a core each."""
+    return 1_500.0 * threads, 0.04 * threads, 0.97
+
+
+def memory_bound(threads, depth):
+    """A gather limited by memory bandwidth: the second thread adds 60%, then nothing; each thread a whole core."""
+    return 3_000.0 * min(threads, 1.6), 1.0 * threads, 0.97
+
+
+def best_by_hand(model, max_threads: int, cpu_budget: float) -> float:
+    """The best samples/s over the settings a user could pick within the budgets (threads 1..max, CPU within budget)."""
+    return max(
+        min(LOOP_RATE, model(t, 8)[0]) for t in range(1, max_threads + 1) if model(t, 8)[1] <= cpu_budget + 0.25
+    )
+
+
+@pytest.mark.parametrize("model,cpus", [(gil_bound, 2), (io_bound, 2), (memory_bound, 4)])
+def test_converges_within_ten_percent_of_the_best_hand_picked_setting(model, cpus):
+    policy = Policy(1, 8, max_threads=16, cpu_budget=cpus)
+    rates = simulate(model, policy)
+    best = best_by_hand(model, 16, cpus)
+    assert min(rates[-20:]) >= 0.9 * best, (model.__name__, policy.threads, [s.describe() for s in policy.steps])
+    assert policy.steps and all(s.before_rate > 0 for s in policy.steps)  # got there by measured steps
+
+
+def test_the_tuner_stops_moving_once_converged():
+    for model, cpus in ((gil_bound, 2), (io_bound, 2), (memory_bound, 4)):
+        policy = Policy(1, 8, max_threads=16, cpu_budget=cpus)
+        simulate(model, policy, windows=60)
+        settled = (policy.threads, policy.depth)
+        simulate(model, policy, windows=40)
+        assert (policy.threads, policy.depth) == settled, model.__name__
+
+
+def test_the_reports_advice_is_the_last_measured_step():
+    policy = Policy(1, 8, max_threads=2, cpu_budget=2)
+    simulate(io_bound, policy, windows=20)
+    step = policy.steps[-1]
+    assert step.change == "threads 1 -> 2" and step.kept and step.after_rate > step.before_rate
+    snap = window(7.0, 3.0, {
+        "workers": {"busy": 19.0, "wait_out": 1.0, "workers": 2, "items": 100},
+        "read": {"busy": 1.0}, "transform": {"busy": 17.0, "workers": 2},
+    })
+    settings = {"num_threads": 2, "prefetch": 8, "autotune": True, "tuned": ["threads", "prefetch"], "max_threads": 2}
+    report = build(snap, Context(settings=settings, steps=tuple(policy.steps), cpu_budget=2, cpu_s=1.0))
+    assert report.what_if == f"measured: {step.describe()}; chute.Workers(max_count=3) lets the autotuner measure thread 3"
+    assert f"took samples/s from {step.before_rate:,.0f} to {step.after_rate:,.0f}" in report.what_if
 
 
 # ---------------------------------------------------------------- live, against stages of known cost
@@ -151,17 +271,19 @@ def live_threads() -> int:
     return len([t for t in threading.enumerate() if t.name.startswith("chute-loader")])
 
 
-def test_converges_to_the_thread_count_computed_by_hand(ds, caplog):
-    # A batch costs one thread 8 x 2 ms = 16 ms; the loop takes one every 5 ms: ceil(16 / 5) = 4 threads.
+def test_io_bound_converges_to_the_thread_count_computed_by_hand_past_the_cpu_count(ds, caplog):
+    # A batch costs one thread 8 x 2 ms = 16 ms of waiting; the loop takes one every 5 ms: ceil(16 / 5) = 4 threads.
+    # Waiting threads use almost no CPU, so the CPU budget (the CPUs of this machine: 2 here) does not stop them.
     expected = -(-BATCH * SAMPLE_S // STEP_S)
-    loader = chute.Loader(ds, BATCH, transform=decode, workers=chute.Workers(max_count=8))
+    loader = chute.Loader(ds, BATCH, transform=decode)
     with caplog.at_level(logging.INFO, logger="chute"):
         for _ in loader:
             time.sleep(STEP_S)
-            assert live_threads() <= 8 + 1  # the budget (+ a retired thread finishing its last batch)
+            assert live_threads() <= loader.max_threads + 1  # the cap (+ a retired thread finishing its last batch)
     report = loader.report()
     threads = report.settings["num_threads"]
     assert abs(threads - expected) <= 1, report
+    assert threads > 2 and loader.max_threads >= 16
     assert report.settings["autotune"] is True
     assert report.decisions and report.decisions[0].change == "threads 1 -> 2"
     assert "the loop waited" in report.decisions[0].reason
@@ -190,4 +312,58 @@ def test_never_exceeds_its_thread_and_memory_budgets(ds):
     assert report.settings["num_threads"] == 2  # the loop waits: it used the whole CPU budget
     assert worst_in_flight <= 3
     assert report.settings["prefetch"] <= 3
-    assert any("CPU budget of 2" in d.reason for d in report.decisions)
+    assert any("thread budget of 2" in d.reason for d in report.decisions)
+    # the advice: what the measured step 1 -> 2 did, and how to let the tuner measure a third thread
+    step = loader._meter.tuner.policy.steps[0]
+    assert step.change == "threads 1 -> 2" and step.kept
+    assert report.what_if is not None and report.what_if.startswith(f"measured: {step.describe()}")
+    assert report.what_if.endswith("chute.Workers(max_count=3) lets the autotuner measure thread 3")
+
+
+def test_the_measured_step_the_advice_names_is_the_next_one_the_tuner_takes(ds):
+    # the same work with the cap raised to 3: the tuner's next measured step is exactly the one the advice named
+    loader = chute.Loader(ds, BATCH, transform=decode, workers=chute.Workers(max_count=3))
+    for i, _ in enumerate(loader):
+        if i == 200:
+            break
+    del _
+    steps = [s.change for s in loader._meter.tuner.policy.steps]
+    assert steps[:2] == ["threads 1 -> 2", "threads 2 -> 3"], steps
+    assert "measured: threads 2 -> 3" in loader.report().what_if
+
+
+def python_loop(sample):
+    """About 0.3 ms of Python arithmetic: holds the GIL, so threads cannot run it in parallel."""
+    total = 0
+    for k in range(3000):
+        total += k * k
+    return sample
+
+
+def test_gil_bound_work_keeps_only_threads_that_measurably_helped(ds):
+    loader = chute.Loader(ds, BATCH, transform=python_loop)
+    for _ in loader:
+        pass  # no compute: the loop waits for every batch
+    policy = loader._meter.tuner.policy
+    steps = list(policy.steps)
+    assert steps, "the tuner measured nothing"
+    # whatever the machine's load: a change is kept only when it measurably helped, and the threads
+    # reached are exactly the ones kept that way; a third thread cannot help Python code on 2 cores
+    assert all(s.kept == (s.after_wait < 0.05 or s.gain >= 1.05) for s in steps)
+    assert policy.threads == 1 + len([s for s in steps if s.kind == "threads" and s.kept])
+    assert policy.threads <= 3, [s.describe() for s in steps]
+
+
+def test_memory_bound_gather_stays_within_the_memory_budget_and_the_cpu(tmp_path):
+    # rows of 64 KB, batches of 32 (2 MB): the gather is a copy bound by memory bandwidth
+    rows = 640
+    path = chute.write(({"x": np.full(16384, i, np.float32)} for i in range(rows)), tmp_path / "big", shard_size=8 << 20)
+    budget = 4 * 32 * 16384 * 4  # four batches in flight
+    loader = chute.Loader(path, 32, workers=chute.Workers(max_prefetch_bytes=budget))
+    for _ in range(3):
+        for i, batch in enumerate(loader):
+            assert int(batch["x"][0, 0]) >= 0
+        del batch
+    policy = loader._meter.tuner.policy
+    assert policy.depth <= 4 and policy.threads <= 4
+    assert policy.threads <= 2 or any(not s.kept for s in policy.steps), [s.describe() for s in policy.steps]
