@@ -1,0 +1,251 @@
+"""W4 with chute.images: JPEGs decoded straight into the batch, against what users have; and the autotuner's choices.
+
+W4: 20,000 JPEGs of 256x256 (benchmarks/_w4.py builds them), a random 224x224
+crop, batch 64, data in the page cache, shuffled. Every configuration runs in a
+fresh subprocess, --repeats times round-robin (load that drifts during the run
+hits every configuration alike); the table shows medians and ratios between
+medians of the same run. samples/s is the steady state of one epoch (from the
+first batch to the last).
+
+  limit-2proc    Pillow decode + crop (_w4.decode_crop) in a plain loop on 2 processes: the two-core limit
+  torch-2        torch DataLoader(num_workers=2, batch 64) over a map Dataset, the same Pillow function
+  chute-pillow   chute.Loader(transform=<the same Pillow function per sample>), autotuned: what users write today
+  decodecrop     chute.Loader(transform=chute.images.DecodeCrop("jpeg", size=224, random=True)), autotuned
+  decodecrop-tN  the same with chute.Workers(count=N): the hand-picked settings the autotuner is judged against
+  decoded        a dataset of decoded pixels (what chute convert --decode stores: uint8[3,256,256], 196,608
+                 bytes an image against ~25 KB of JPEG) with the same DecodeCrop: no decode left
+
+  --only io      the autotuner on the I/O-bound case of issue 11: a per-sample transform that sleeps
+                 0.5 ms (standing in for a read), a training step of 5 ms (a sleep), batch 64, 10,000 rows,
+                 2 epochs measured over the second (the autotuner goes on where the first left it);
+                 autotuned against count=2,4,6,8,12
+
+    python benchmarks/images.py --data-dir bench-data --repeats 5
+    python benchmarks/images.py --data-dir bench-data --only io --repeats 5
+
+The autotuned configurations print the tuner's decisions of their last run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+BATCH = 64
+CONFIGS = {
+    "w4": ["limit-2proc", "torch-2", "chute-pillow", "decodecrop", "decodecrop-t1", "decodecrop-t2", "decodecrop-t3", "decoded"],
+    "io": ["io-auto", "io-t2", "io-t4", "io-t6", "io-t8", "io-t12"],
+}
+LABELS = {
+    "limit-2proc": "Pillow loop, 2 processes (the limit)",
+    "torch-2": "torch DataLoader, num_workers=2, Pillow",
+    "chute-pillow": "chute Loader, Pillow per sample, autotuned",
+    "decodecrop": "chute Loader, DecodeCrop, autotuned",
+    "decodecrop-t1": "chute Loader, DecodeCrop, 1 thread",
+    "decodecrop-t2": "chute Loader, DecodeCrop, 2 threads",
+    "decodecrop-t3": "chute Loader, DecodeCrop, 3 threads",
+    "decoded": "chute Loader, --decode pixels, DecodeCrop, autotuned",
+    "io-auto": "chute Loader, 0.5 ms sleep per sample, autotuned",
+}
+IO_ROWS = 10_000
+IO_SLEEP_S = 0.0005
+IO_STEP_S = 0.005  # the training step: the loop takes at most 12,800 samples/s; by hand, 64 x 0.5 / 5 = 6.4 -> 7 threads
+IO_EPOCHS = 2  # measured over the second: the tuner goes on from where the first left it
+
+
+# --------------------------------------------------------------------------- data
+
+
+def decoded_dataset(root: str):
+    """W4's images as stored pixels (``uint8[3, 256, 256]``), decoded as ``chute convert --decode`` decodes them."""
+    import chute
+    import numpy as np
+    from _data import warm
+    from _w4 import jpeg_dataset
+
+    from chute.images.codec import Decoder  # what chute convert --decode decodes with
+
+    path = os.path.join(root, "w4-decoded")
+    if not os.path.exists(os.path.join(path, "manifest.json")):
+        ds, blob, offsets = jpeg_dataset(root)
+        bounds = np.load(offsets)
+        data = np.memmap(blob, dtype=np.uint8, mode="r")
+        decoder = Decoder()
+
+        def rows():
+            for i in range(len(bounds) - 1):
+                pixels = decoder.decode(data[bounds[i]:bounds[i + 1]].tobytes())
+                yield {"jpeg": np.ascontiguousarray(pixels.transpose(2, 0, 1)), "label": i}
+
+        chute.write(rows(), path, overwrite=True)
+    ds = chute.open(path)
+    warm(ds)
+    return ds
+
+
+def io_dataset(root: str):
+    import chute
+    import numpy as np
+
+    path = os.path.join(root, f"io-{IO_ROWS}")
+    if not os.path.exists(os.path.join(path, "manifest.json")):
+        chute.write(({"x": np.full(16, i, np.float32), "label": i} for i in range(IO_ROWS)), path, overwrite=True)
+    return chute.open(path)
+
+
+def sleepy(sample: dict) -> dict:
+    """The I/O-bound transform: 0.5 ms of waiting (a read), no CPU."""
+    time.sleep(IO_SLEEP_S)
+    return sample
+
+
+# --------------------------------------------------------------------------- one configuration (in its own process)
+
+
+def measure(config: str, data_dir: str) -> dict:
+    import multiprocessing
+
+    import torch
+
+    import chute
+    from _w4 import JpegBlobDataset, _loop, _ready, decode_sample, jpeg_dataset
+
+    if config.startswith("io-"):
+        ds = io_dataset(data_dir)
+    elif config == "decoded":
+        ds = decoded_dataset(data_dir)
+    else:
+        ds, blob, offsets = jpeg_dataset(data_dir)
+    n = len(ds)
+    cpu0 = os.times()
+    out: dict = {}
+    if config == "limit-2proc":
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            pool.map(_ready, range(2))  # started and warm before the clock
+            start = time.perf_counter()
+            parts = pool.map(_loop, [(blob, offsets, 0, n // 2, 0), (blob, offsets, n // 2, n, 0)], chunksize=1)
+            seconds = time.perf_counter() - start
+        samples = sum(p[0] for p in parts)
+    else:
+        if config == "torch-2":
+            loader = torch.utils.data.DataLoader(JpegBlobDataset(blob, offsets), batch_size=BATCH, shuffle=True, num_workers=2)
+            count = lambda b: len(b[1])  # noqa: E731
+        else:
+            name, _, threads = config.partition("-t")
+            workers = chute.Workers(count=int(threads)) if threads else None
+            if name.startswith("io"):
+                transform = sleepy
+            elif name == "chute-pillow":
+                transform = decode_sample
+            else:
+                transform = chute.images.DecodeCrop("jpeg", size=224, random=True)
+            loader = chute.Loader(ds, BATCH, shuffle=True, seed=0, transform=transform, workers=workers)
+            count = lambda b: len(b["label"])  # noqa: E731
+        epochs = IO_EPOCHS if config.startswith("io") else 1
+        samples, start = 0, None
+        for epoch in range(epochs):
+            for batch in loader:
+                if config.startswith("io"):
+                    time.sleep(IO_STEP_S)
+                if start is None and (epoch > 0 or epochs == 1):
+                    start = time.perf_counter()  # the steady state: from the first batch on, or the epochs after the first
+                elif start is not None:
+                    samples += count(batch)
+        seconds = time.perf_counter() - start
+        if not config.startswith("torch"):
+            report = loader.report()
+            out["threads"], out["prefetch"] = report.settings["num_threads"], report.settings["prefetch"]
+            out["decisions"] = [f"{d.time_s:6.2f} s  {d.change}: {d.reason}" for d in report.decisions]
+            out["steps"] = [s.describe() for s in loader._meter.tuner.policy.steps] if loader._meter.tuner else []
+            out["what_if"] = report.what_if
+            out["cores"] = report.cpu_cores_used
+            loader.close()
+    cpu1 = os.times()
+    out["samples_per_s"] = samples / seconds
+    out["cpu_s_per_1000"] = 1000 * (sum(cpu1[:4]) - sum(cpu0[:4])) / max(1, samples)
+    return out
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default="bench-data")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", choices=sorted(CONFIGS), default="w4")
+    parser.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
+    parser.add_argument("--run", default=None, help=argparse.SUPPRESS)  # one configuration, in a subprocess
+    parser.add_argument("--build", default=None, help=argparse.SUPPRESS)  # the data, in a subprocess
+    args = parser.parse_args()
+    if args.build:
+        from _w4 import jpeg_dataset
+
+        if args.build == "io":
+            io_dataset(args.data_dir)
+        else:
+            jpeg_dataset(args.data_dir)
+            decoded_dataset(args.data_dir)
+        return
+    if args.run:
+        print(json.dumps(measure(args.run, args.data_dir)))
+        return
+    os.makedirs(args.data_dir, exist_ok=True)
+    configs = args.configs.split(",") if args.configs else CONFIGS[args.only]
+    # build the data once, before any clock
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--build", args.only, "--data-dir", args.data_dir], check=True)
+    runs: dict[str, list[dict]] = {c: [] for c in configs}
+    for r in range(args.repeats):
+        for config in configs:
+            done = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--run", config, "--data-dir", args.data_dir],
+                capture_output=True, text=True,
+            )
+            if done.returncode != 0:
+                sys.exit(f"{config} failed:\n{done.stderr}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            runs[config].append(result)
+            print(f"  run {r + 1}/{args.repeats} {config}: {result['samples_per_s']:,.0f} samples/s"
+                  + (f" (threads {result['threads']}, prefetch {result['prefetch']})" if "threads" in result else ""),
+                  file=sys.stderr, flush=True)
+    print_table(args.only, runs, args.repeats)
+
+
+def print_table(workload: str, runs: dict[str, list[dict]], repeats: int) -> None:
+    median = {c: statistics.median(r["samples_per_s"] for r in rs) for c, rs in runs.items()}
+    steady = "steady state of one epoch" if workload == "w4" else f"epoch 2 of {IO_EPOCHS}, a 5 ms training step"
+    print(f"\n{'W4 with chute.images' if workload == 'w4' else 'I/O-bound transform (0.5 ms sleep per sample)'}: "
+          f"batch {BATCH}, medians of {repeats} runs round-robin, each in a fresh process, {steady}")
+    refs = [c for c in ("limit-2proc", "torch-2") if c in median]
+    hand = {c: v for c, v in median.items() if "-t" in c}
+    header = f"  {'config':52s} {'samples/s':>10s}" + "".join(f" {'/' + c:>13s}" for c in refs)
+    header += f" {'/best hand':>11s}" if hand else ""
+    print(header + f" {'CPU s/1k':>9s}  settings (each run)")
+    for c, rs in runs.items():
+        line = f"  {LABELS.get(c, c):52s} {median[c]:10,.0f}" + "".join(f" {median[c] / median[ref]:13.2f}" for ref in refs)
+        if hand:
+            line += f" {median[c] / max(hand.values()):11.2f}"
+        line += f" {statistics.median(r['cpu_s_per_1000'] for r in rs):9.3f}"
+        if "threads" in rs[0]:
+            line += "  " + ", ".join(f"t{r['threads']}/p{r['prefetch']}" for r in rs)
+        print(line)
+    for c, rs in runs.items():
+        last = rs[-1]
+        if last.get("decisions") and not any(f"-t{k}" in c for k in range(1, 17)):
+            print(f"\n  {c}: the autotuner's decisions in its last run ({last['cores'] or 0:.2f} cores used):")
+            for d in last["decisions"]:
+                print(f"    {d}")
+            if last.get("what_if"):
+                print(f"    what if: {last['what_if']}")
+
+
+if __name__ == "__main__":
+    main()
