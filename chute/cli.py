@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-ms", type=_non_negative, default=10.0, help="simulated training step per batch, in ms (default 10)")
     p.add_argument("--batch-size", type=_at_least(1), default=256, help="samples per batch (default 256)")
     p.add_argument("--seconds", type=_positive, default=20.0, help="how long to run (default 20)")
-    p.add_argument("--max-threads", type=_at_least(1), default=None, help="the autotuner's CPU budget (default: the usable CPUs)")
+    p.add_argument("--max-threads", type=_at_least(1), default=None, help="the most threads the autotuner may run (default: 4 per usable CPU, at least 16; "
+                        "it also stops when the CPU used fills the usable CPUs)")
     p.add_argument("--transform", metavar="MODULE:FUNCTION", default=None, help="per-sample transform to run, e.g. mypkg.transforms:decode")
     p.add_argument("--cache-dir", default=None, help="node cache for a remote dataset")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

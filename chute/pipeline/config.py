@@ -81,7 +81,8 @@ class Workers:
         prefetch: batches in flight ahead of the training loop. ``None``: 8 (fewer
             if 8 batches would not fit ``max_prefetch_bytes``, at least 2 per
             worker), then autotuned (threads) within ``max_prefetch_bytes``.
-        max_count: the autotuner's CPU budget (default: the CPUs this process may run on).
+        max_count: the most threads the autotuner may run (default: 4 per CPU this process may run
+            on, at least 16); its CPU budget is the CPU time the process really uses, against those CPUs.
         max_prefetch_bytes: the autotuner's memory budget for batches in flight (default 512 MiB).
     """
 

@@ -1,6 +1,6 @@
 """Randomness as a function of position: every random choice of a transform from ``(seed, epoch, sample)``.
 
-DESIGN.md decision 9. A transform's random numbers for a sample are computed
+A transform's random numbers for a sample are computed
 from the Loader's seed, the epoch and the sample's dataset row, never drawn
 from a generator that advances as batches are built. So the same sample in the
 same epoch gets the same crop, flip and noise whatever the number of threads,

@@ -2,7 +2,7 @@
 
 The same sample in the same epoch gets the same crop, flip and user noise
 whatever the thread count, thread or process workers, the world size, or a
-resume in between (DESIGN.md decision 9).
+resume in between (docs/loader.md, "Randomness").
 """
 
 from __future__ import annotations
