@@ -154,6 +154,16 @@ def _ready(_: int) -> int:
     return os.getpid() if PIL.Image else 0
 
 
+def limit_2proc(blob: str, offsets: str, n: int) -> tuple[int, float]:
+    """The Pillow decode + crop loop over all ``n`` images split over 2 processes: ``(images, seconds)``."""
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(_ready, range(2))  # started and warm before the clock
+        start = time.perf_counter()
+        parts = pool.map(_loop, [(blob, offsets, 0, n // 2, 0), (blob, offsets, n // 2, n, 0)], chunksize=1)
+        seconds = time.perf_counter() - start
+    return sum(p[0] for p in parts), seconds
+
+
 def measure(config: str, data_dir: str, epochs: int) -> dict:
     """One W4 configuration in this process: samples/s over the steady state (after the first batch)."""
     import chute
@@ -167,12 +177,7 @@ def measure(config: str, data_dir: str, epochs: int) -> dict:
         samples, seconds = _loop((blob, offsets, 0, n, 0))
         first_batch = 0.0
     elif config == "limit-2proc":
-        with multiprocessing.get_context("fork").Pool(2) as pool:
-            pool.map(_ready, range(2))  # started and warm before the clock
-            start = time.perf_counter()
-            parts = pool.map(_loop, [(blob, offsets, 0, n // 2, 0), (blob, offsets, n // 2, n, 0)], chunksize=1)
-            seconds = time.perf_counter() - start
-        samples = sum(p[0] for p in parts)
+        samples, seconds = limit_2proc(blob, offsets, n)
         first_batch = 0.0
     else:
         if config == "torch-2":

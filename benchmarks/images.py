@@ -12,6 +12,7 @@ first batch to the last).
   chute-pillow   chute.Loader(transform=<the same Pillow function per sample>), autotuned: what users write today
   decodecrop     chute.Loader(transform=chute.images.DecodeCrop("jpeg", size=224, random=True)), autotuned
   decodecrop-tN  the same with chute.Workers(count=N): the hand-picked settings the autotuner is judged against
+  decodecrop-fast  the same with fast=True (libjpeg-turbo's fast DCT and upsampling; pixels no longer Pillow's)
   decoded        a dataset of decoded pixels (what chute convert --decode stores: uint8[3,256,256], 196,608
                  bytes an image against ~25 KB of JPEG) with the same DecodeCrop: no decode left
 
@@ -41,7 +42,8 @@ sys.path.insert(0, HERE)
 
 BATCH = 64
 CONFIGS = {
-    "w4": ["limit-2proc", "torch-2", "chute-pillow", "decodecrop", "decodecrop-t1", "decodecrop-t2", "decodecrop-t3", "decoded"],
+    "w4": ["limit-2proc", "torch-2", "chute-pillow", "decodecrop", "decodecrop-t1", "decodecrop-t2", "decodecrop-t3",
+           "decodecrop-fast", "decoded"],
     "io": ["io-auto", "io-t2", "io-t4", "io-t6", "io-t8", "io-t12"],
 }
 LABELS = {
@@ -52,6 +54,7 @@ LABELS = {
     "decodecrop-t1": "chute Loader, DecodeCrop, 1 thread",
     "decodecrop-t2": "chute Loader, DecodeCrop, 2 threads",
     "decodecrop-t3": "chute Loader, DecodeCrop, 3 threads",
+    "decodecrop-fast": "chute Loader, DecodeCrop(fast=True), autotuned",
     "decoded": "chute Loader, --decode pixels, DecodeCrop, autotuned",
     "io-auto": "chute Loader, 0.5 ms sleep per sample, autotuned",
 }
@@ -111,12 +114,10 @@ def sleepy(sample: dict) -> dict:
 
 
 def measure(config: str, data_dir: str) -> dict:
-    import multiprocessing
-
     import torch
 
     import chute
-    from _w4 import JpegBlobDataset, _loop, _ready, decode_sample, jpeg_dataset
+    from _w4 import JpegBlobDataset, decode_sample, jpeg_dataset, limit_2proc
 
     if config.startswith("io-"):
         ds = io_dataset(data_dir)
@@ -128,12 +129,7 @@ def measure(config: str, data_dir: str) -> dict:
     cpu0 = os.times()
     out: dict = {}
     if config == "limit-2proc":
-        with multiprocessing.get_context("fork").Pool(2) as pool:
-            pool.map(_ready, range(2))  # started and warm before the clock
-            start = time.perf_counter()
-            parts = pool.map(_loop, [(blob, offsets, 0, n // 2, 0), (blob, offsets, n // 2, n, 0)], chunksize=1)
-            seconds = time.perf_counter() - start
-        samples = sum(p[0] for p in parts)
+        samples, seconds = limit_2proc(blob, offsets, n)
     else:
         if config == "torch-2":
             loader = torch.utils.data.DataLoader(JpegBlobDataset(blob, offsets), batch_size=BATCH, shuffle=True, num_workers=2)
@@ -146,7 +142,7 @@ def measure(config: str, data_dir: str) -> dict:
             elif name == "chute-pillow":
                 transform = decode_sample
             else:
-                transform = chute.images.DecodeCrop("jpeg", size=224, random=True)
+                transform = chute.images.DecodeCrop("jpeg", size=224, random=True, fast=name.endswith("-fast"))
             loader = chute.Loader(ds, BATCH, shuffle=True, seed=0, transform=transform, workers=workers)
             count = lambda b: len(b["label"])  # noqa: E731
         epochs = IO_EPOCHS if config.startswith("io") else 1
