@@ -1,12 +1,15 @@
 """Mixture overhead: W2 read through chute.mix of its two halves vs the same data as one dataset.
 
-At the order + gather level (the Loader-level number comes once the Loader takes
-a mixture): for one whole shuffled epoch, each batch's indices come from the
-order (``Order.batch`` for the dataset, ``MixOrder.batch`` for the mixture of the
-halves at weights 1:1) and are gathered with ``get_batch`` into reused buffers,
-one thread. Each run uses a new epoch (and a new order object), so the
-mixture's per-epoch planning is included. Medians of --repeats runs, the ratio
-measured in the same run.
+Two levels, each a median of --repeats runs with the ratio measured in the same run:
+
+* order + gather: for one whole shuffled epoch, each batch's indices come from
+  the order (``Order.batch`` for the dataset, ``MixOrder.batch`` for the mixture
+  of the halves at weights 1:1) and are gathered with ``get_batch`` into reused
+  buffers, one thread. Each run uses a new epoch (and a new order object), so
+  the mixture's per-epoch planning is included.
+* the Loader, default settings (autotuned threads): ``chute.Loader(ds, 256,
+  shuffle=True)`` over each, 3 epochs a run, the rate of epochs 2-3 (the
+  steady state; the first also starts the threads and maps the shards).
 
     python benchmarks/mix.py                     # data in ./bench-data (W2 reused from the other benchmarks)
     python benchmarks/mix.py --repeats 7 --batch 256
@@ -58,6 +61,19 @@ def epoch(ds, order, epoch_number: int, out: dict) -> tuple[float, float]:
     return rows / (time.perf_counter() - start), in_order
 
 
+def loader_rate(ds, batch: int, seed: int, epochs: int = 3) -> float:
+    """Samples/s of a default Loader over ``ds`` in the epochs after the first."""
+    loader = chute.Loader(ds, batch, shuffle=True, seed=seed)
+    marks = []
+    for _ in range(epochs):
+        rows = 0
+        for b in loader:
+            rows += len(b["label"])
+        marks.append((time.perf_counter(), rows))
+    loader.close()
+    return sum(r for _, r in marks[1:]) / (marks[-1][0] - marks[0][0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default="bench-data")
@@ -89,6 +105,19 @@ def main() -> None:
     print(f"  {'one dataset (Order)':40s} {med['dataset']:12,.0f} {med['order_s_dataset']:14.3f}")
     print(f"  {'chute.mix of the halves (MixOrder)':40s} {med['mixture']:12,.0f} {med['order_s_mixture']:14.3f}")
     print(f"  mixture / dataset, same run: median {med['ratio']:.2f} (runs: {', '.join(f'{r:.2f}' for r in rows['ratio'])})")
+
+    ld = {"dataset": [], "mixture": [], "ratio": []}
+    for run in range(args.repeats):
+        d = loader_rate(whole, args.batch, run)
+        m = loader_rate(mixture, args.batch, run)
+        ld["dataset"].append(d)
+        ld["mixture"].append(m)
+        ld["ratio"].append(m / d)
+    med = {k: statistics.median(v) for k, v in ld.items()}
+    print(f"Loader, default settings (autotuned threads), batch {args.batch}, epochs 2-3 of 3, median of {args.repeats}")
+    print(f"  {'chute.Loader(one dataset)':40s} {med['dataset']:12,.0f}")
+    print(f"  {'chute.Loader(chute.mix of the halves)':40s} {med['mixture']:12,.0f}")
+    print(f"  mixture / dataset, same run: median {med['ratio']:.2f} (runs: {', '.join(f'{r:.2f}' for r in ld['ratio'])})")
 
 
 if __name__ == "__main__":
