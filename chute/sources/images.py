@@ -30,10 +30,10 @@ import functools
 import os
 from collections.abc import Iterator
 
-import chute
-from chute.errors import ChuteError
 import numpy as np
 
+import chute
+from chute.errors import ChuteError
 from chute.format.schema import Bytes, Scalar, String, Tensor
 from chute.sources._files import IMAGE_EXTENSIONS
 from chute.sources._parallel import OrderedPool, call_chunk, chunk_size_for, chunked
