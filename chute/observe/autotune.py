@@ -28,8 +28,10 @@ The rules (thresholds are the constants below):
   actually used (the process's CPU time over the window, ``os.times``): a thread
   is added while the cores in use plus one more worker's share (the workers'
   CPU time over the threads) fit in the budget (default the CPUs this process
-  may run on), with ``CPU_SLACK`` of a core to spare. Threads that wait (I/O,
-  sleeps) use little CPU, so more of them fit. ``max_threads`` is a hard cap
+  may run on), with ``CPU_SLACK`` of a core to spare, or while at least
+  ``CPU_SLACK`` of the budget is idle (one worker busy on a copy and the loop
+  on 2 cores: the trial measures what a second worker gets from the rest).
+  Threads that wait (I/O, sleeps) use little CPU, so more of them fit. ``max_threads`` is a hard cap
   on the count (``chute.Workers(max_count=)``). The **memory budget** allows at
   most ``max_bytes // batch bytes`` batches in flight, and a thread needs a
   batch in flight to work on.
@@ -68,7 +70,8 @@ GAIN = 1.05
 CALM = 2
 #: Windows at the same settings (the first one of a pass not counted) before a trial starts or is judged.
 SETTLE = 2
-#: Share of a core the CPU in use may exceed the budget by when one more thread is tried.
+#: Share of a core the CPU in use may exceed the budget by when one more thread is tried, and
+#: the idle share of the budget that is enough to try one more thread anyway.
 CPU_SLACK = 0.25
 #: Default memory budget: bytes of finished or building batches in flight.
 DEFAULT_MAX_BYTES = 512 << 20
@@ -353,7 +356,9 @@ class Policy:
             return None
         per_thread = workers / self.threads
         if cores + per_thread <= self.cpu_budget + CPU_SLACK:
-            return None
+            return None  # one more worker's share fits
+        if cores <= self.cpu_budget - CPU_SLACK:
+            return None  # it does not, but idle CPU is there to take: the trial measures what it gives
         return (
             f"the CPU budget is used: {cores:.2f} of {self.cpu_budget:g} cores busy, "
             f"and a worker thread uses about {per_thread:.2f}"

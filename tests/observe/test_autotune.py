@@ -368,3 +368,15 @@ def test_memory_bound_gather_stays_within_the_memory_budget_and_the_cpu(tmp_path
     policy = loader._meter.tuner.policy
     assert policy.depth <= 4 and policy.threads <= 4
     assert policy.threads <= 2 or any(not s.kept for s in policy.steps), [s.describe() for s in policy.steps]
+
+
+def test_idle_cpu_is_enough_to_try_one_more_thread():
+    # One worker busy on a whole core (a copy) and the loop on 0.4 of another, on 2 CPUs: a second worker's
+    # full share would not fit, but 0.6 of a core is idle, so a second thread is tried and, as it helps, kept.
+    policy = Policy(1, 8, max_threads=16, cpu_budget=2)
+    notes = []
+    for _ in range(12):
+        t = policy.threads
+        notes += policy.step(dataclasses.replace(data_bound(100.0 * min(t, 1.8)), cpu_s=min(1.0 * t, 1.6) + 0.4, loop_cpu_s=0.4))
+    assert policy.threads == 2
+    assert ("threads 1 -> 2" in [change for change, _ in notes])
