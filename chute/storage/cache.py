@@ -171,6 +171,7 @@ class ShardCache:
         self._reserved: set[int] = set()  # shards whose bytes this process's lease counts
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.next_use: Callable[[int], float] | None = None  # set by the loader: step of a shard's next use
+        self.on_no_room: Callable[[], None] | None = None  # set by the loader: a download of this process waits for room
         self.on_unpin: Callable[[int], None] | None = None  # called before a shard's lock is dropped
         self.counts = {"hits": 0, "misses": 0, "shards_downloaded": 0, "bytes_downloaded": 0,
                        "evictions": 0, "checksum_failures": 0, "high_water": 0, "room_waits": 0}
@@ -505,6 +506,9 @@ class ShardCache:
         self.counts["room_waits"] += 1
         if self.remote.cancelled():
             raise Cancelled(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
+        on_no_room = self.on_no_room
+        if on_no_room is not None:  # this process's read-ahead may be what fills the cache
+            on_no_room()
         with inflight.track("wait for room in the cache", self.cache_dir):
             if self.sharing is not None:
                 self.sharing.await_room()

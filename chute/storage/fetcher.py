@@ -141,6 +141,8 @@ class Fetcher:
         self._closed = False
         self._turn = cache.sharing is None  # whether this process has its lease (see take_turn)
         self._taking = False
+        self._unclaimed = False  # a download waits for room outside the lease (see _run)
+        self._squeezed = False  # a download waits for room in the cache (see _no_room)
         self._cancel = threading.Event()  # set by close(): downloads in progress stop (see Remote.cancelled_by)
         self.wait_s = 0.0  # time batch tasks spent waiting for shards
         # where each shard is next used, for the cache's eviction
@@ -151,6 +153,7 @@ class Fetcher:
         for k, (first, last, shard) in enumerate(uses):
             self._spans.setdefault(shard, []).append((first, last, k))
         cache.next_use = self.next_use
+        cache.on_no_room = self._no_room
         if cache.sharing is not None:
             job = hashlib.blake2b(repr((cache.dir, uses)).encode(), digest_size=8).hexdigest()  # the same for every rank
             cache.sharing.attach(self, self.need, self.budget, on_demand=self.give_back, on_change=self._wake,
@@ -173,9 +176,14 @@ class Fetcher:
                 else:
                     k = self._next
                     first, last, shard = self.uses[k]
-                    if not self.cache.claim(shard) and self._held_bytes:
+                    claimed = self.cache.claim(shard)
+                    if not claimed and self._held_bytes:
                         self._cond.wait()  # no room in the lease: wait for the consumer, or a ring
                         continue
+                    # Unclaimed, this fetcher holds nothing and the lease has no room now (holds outside
+                    # it: downloads given back and still arriving): the download waits for room in the
+                    # cache, and later uses wait for it, or they would take the room it waits for.
+                    self._unclaimed = not claimed
                     self._next += 1
                     self._held_bytes += self.sizes[shard]
                     self._started[k] = False
@@ -188,12 +196,17 @@ class Fetcher:
                     self.cache.acquire(shard)
             except BaseException as exc:
                 with self._cond:
+                    if not claimed or self._squeezed:
+                        self._unclaimed = self._squeezed = False
                     if not self._closed:  # after close() nobody waits for it, and close() cleared the books
                         self._error = exc
                         self._forget(k)
                     self._cond.notify_all()
                 return
             with self._cond:
+                if not claimed or self._squeezed:
+                    self._unclaimed = self._squeezed = False
+                    self._cond.notify_all()
                 if self._dropped[k]:
                     self._dropped[k] -= 1
                     drop = True
@@ -234,10 +247,19 @@ class Fetcher:
             heapq.heapify(self._held)
 
     def _can_start(self) -> bool:
-        if self._next >= len(self.uses):
+        if self._unclaimed or self._squeezed or self._next >= len(self.uses):
             return False
         shard = self.uses[self._next][2]
         return self._held_bytes == 0 or self._held_bytes + self.sizes[shard] <= self.budget
+
+    def _no_room(self) -> None:
+        """A download of this process found the cache full (holds outside any lease, e.g. another
+        process's reads, leave less room than the lease says): later uses wait for it, and the
+        read-ahead no batch task has asked for yet goes back, so that the shard needed first gets
+        the room before the shards needed later."""
+        with self._cond:
+            self._squeezed = True
+        self.give_back()
 
     def _wake(self) -> None:
         """Room may have come free in this process's lease: look again."""
@@ -365,6 +387,8 @@ class Fetcher:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.cache.next_use == self.next_use:
             self.cache.next_use = None
+        if self.cache.on_no_room == self._no_room:
+            self.cache.on_no_room = None
         if self.cache.sharing is not None:
             self.cache.sharing.detach(self)
 
