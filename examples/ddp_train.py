@@ -20,6 +20,7 @@ a resumed run appends to it).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -42,6 +43,7 @@ def example_dataset(path: str, rows: int) -> chute.Dataset:
 
 def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    loader = None
     try:
         ds = chute.open(args.data)
         loader = chute.Loader(ds, args.batch_size, shuffle=True, seed=0, drop_last=True)  # rank, world size: from dist
@@ -69,11 +71,20 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
                         os.replace(args.checkpoint + ".tmp", args.checkpoint)  # never a half-written checkpoint
                     print(f"rank {rank}: stopped after step {step} of epoch {epoch}", flush=True)
                     record(seen, rank, world_size, args.record)
+                    dist.barrier()  # every rank is done with the process group before any rank destroys it
                     return
             if rank == 0:
                 print(f"epoch {epoch} done: loss {loss.item():.4f}", flush=True)
         record(seen, rank, world_size, args.record)
+        dist.barrier()  # every rank is done with the process group before any rank destroys it
     finally:
+        if loader is not None:
+            loader.close()  # its threads end here, not in the interpreter's shutdown
+        # DDP keeps the last gradient all-reduce's gloo work (and its tensors) in reference cycles:
+        # free them now, before the process group goes and while the interpreter is whole (freed
+        # during its shutdown instead, they abort the process now and then).
+        model = optimizer = None
+        gc.collect()
         dist.destroy_process_group()
 
 
