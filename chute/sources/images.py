@@ -71,6 +71,24 @@ def _walk_files(top: str) -> Iterator[str]:
                 yield os.path.join(dirpath, name)
 
 
+def scan_image_folder(
+    top: str, extensions: frozenset[str] | None = None
+) -> tuple[list[str], list[tuple[str, int]], list[str]]:
+    """:func:`list_images` of ``top``, refusing a missing folder, a folder without images and an
+    empty class directory (it would shift every later label), each with a message naming it."""
+    if not os.path.isdir(top):
+        raise ChuteError(f"image folder {top} does not exist or is not a directory")
+    exts = frozenset(e.lower() for e in extensions) if extensions is not None else IMAGE_EXTENSIONS
+    classes, images, skipped = list_images(top, exts)
+    if not images:
+        raise ChuteError(
+            f"found no images in {top}: expected {top}/<class name>/<image> with extensions "
+            f"{' '.join(sorted(exts))} ({len(classes)} class director(ies), {len(skipped)} other file(s))"
+        )
+    _check_no_empty_class(top, classes, images, exts)
+    return classes, images, skipped
+
+
 def _check_no_empty_class(top: str, classes: list[str], images: list[tuple[str, int]], extensions: frozenset[str]) -> None:
     """Refuse class folders without images: each would take a label and shift the later ones."""
     labelled = {label for _, label in images}
@@ -147,16 +165,7 @@ def from_image_folder(
     (all images the same size; see the module docstring for the size cost).
     """
     top = os.fspath(root)
-    if not os.path.isdir(top):
-        raise ChuteError(f"image folder {top} does not exist or is not a directory")
-    exts = frozenset(e.lower() for e in extensions) if extensions is not None else IMAGE_EXTENSIONS
-    classes, images, skipped = list_images(top, exts)
-    if not images:
-        raise ChuteError(
-            f"found no images in {top}: expected {top}/<class name>/<image> with extensions "
-            f"{' '.join(sorted(exts))} ({len(classes)} class director(ies), {len(skipped)} other file(s))"
-        )
-    _check_no_empty_class(top, classes, images, exts)
+    classes, images, skipped = scan_image_folder(top, extensions)
     bar = Progress(len(images), "chute convert (images)", enabled=progress, unit="images")
     if skipped:
         bar.note(f"skipping {len(skipped)} file(s) that are not images or not in a class directory, e.g. {skipped[0]}")

@@ -92,16 +92,10 @@ def _read_index_part(allow_pickle: bool, part: list[tuple[str, str, str, dict[st
 
 
 def _images(src: Any, rows: int, *, extensions: frozenset[str] | None = None) -> SourcePlan:
-    from chute.sources._files import IMAGE_EXTENSIONS
-    from chute.sources.images import SCHEMA, list_images
+    from chute.sources.images import SCHEMA, scan_image_folder
 
     top = os.fspath(src)
-    if not os.path.isdir(top):
-        raise ChuteError(f"image folder {top} does not exist or is not a directory")
-    exts = frozenset(e.lower() for e in extensions) if extensions is not None else IMAGE_EXTENSIONS
-    classes, images, skipped = list_images(top, exts)
-    if not images:
-        raise ChuteError(f"found no images in {top}: expected {top}/<class name>/<image> with extensions {' '.join(sorted(exts))}")
+    classes, images, skipped = scan_image_folder(top, extensions)  # the same checks as chute convert
     parts = _chunks([(os.path.join(top, rel), rel, label) for rel, label in images], rows)
     metadata = {"class_names": classes, "source": {"kind": "images", "skipped_files": len(skipped)}}
     return SourcePlan("images", parts, _read_images_part, dict(SCHEMA), metadata)

@@ -100,3 +100,13 @@ def test_an_empty_class_folder_is_refused_naming_it(tmp_path):
         "classes after it: remove it or add its images"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_the_parallel_planner_refuses_an_empty_class_folder_too(tmp_path):
+    """``chute convert --ray`` plans through chute.sources.parts: the same folder checks as ``chute convert``."""
+    from chute.sources.parts import plan
+
+    _make_folder(tmp_path / "src")
+    (tmp_path / "src" / "cow").mkdir()
+    with pytest.raises(ChuteError, match=r"class folder .*cow holds no images"):
+        plan(tmp_path / "src", "images")
