@@ -287,7 +287,6 @@ class StallWatch:
             if log.hasHandlers():
                 log.warning("%s", text.rstrip())
             if self.on_stall == "raise":
-                run.stalled = True  # its workers may be stuck for good: the pass is closed without waiting for them
                 headline = f"no batch for {waited:.1f} s (watchdog timeout {timeout:g} s) while waiting for {details.waiting_for}"
                 if details.stuck:
                     headline += f"; stuck: {details.stuck}"

@@ -20,53 +20,11 @@ from typing import Any
 
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
-from chute.order import Order
-from chute.pipeline.config import (
-    Shuffle,
-    Watchdog,
-    Workers,
-    check_batch_size,
-    check_seed,
-    check_shuffle,
-    refuse_habits,
-)
-from chute.pipeline.transform import Functions
+from chute.pipeline.config import Shuffle, Watchdog, Workers, refuse_habits
+from chute.pipeline.lifecycle import Action, Event, delivering, holds_position
+from chute.pipeline.spec import LoaderSpec
 
 log = logging.getLogger("chute")
-
-
-def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: the arguments, else torch.distributed's, else ``(0, 1)``."""
-    if rank is None or world_size is None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-    rank = 0 if rank is None else int(rank)
-    world_size = 1 if world_size is None else int(world_size)
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, world_size={world_size}")
-    return rank, world_size
-
-
-def dataset_and_order(dataset: Any, batch_size: int, shuffle: Shuffle | None, seed: int, drop_last: bool) -> tuple[Any, Order]:
-    """The dataset (opened if given as a path) and the order of its rows for these settings."""
-    if isinstance(dataset, (str, os.PathLike)):
-        from chute.storage.open import open_dataset
-
-        dataset = open_dataset(dataset)
-    elif not hasattr(dataset, "read") and not hasattr(dataset, "order"):
-        raise TypeError(
-            f"the dataset must be a chute.Dataset (chute.open(path)), a path or URL, or chute.mix(...), "
-            f"got {type(dataset).__name__}; to convert other data, see chute.write and `chute convert`"
-        )
-    window = shuffle.window if shuffle is not None else Shuffle().window
-    make = getattr(dataset, "order", None)
-    if callable(make):  # a mixture makes its own order
-        return dataset, make(batch_size, shuffle is not None, seed, window, drop_last)
-    order = Order(tuple(s.rows for s in dataset.shards), batch_size, shuffle is not None, seed, window, drop_last)
-    return dataset, order
 
 
 class Loader:
@@ -129,16 +87,13 @@ class Loader:
     ) -> None:
         counters_on = unexpected.pop("_counters", True)  # False only to measure the counters' cost
         refuse_habits(unexpected)
-        batch_size = check_batch_size(batch_size)
-        self.shuffle = check_shuffle(shuffle)
-        seed = check_seed(seed)
-        if not isinstance(drop_last, bool):
-            raise TypeError(f"drop_last must be True or False, got {drop_last!r}")
-        self.dataset, self.order = dataset_and_order(dataset, batch_size, self.shuffle, seed, drop_last)
-        self.batch_size = batch_size
-        self.fns = Functions(transform, batch_transform, collate, on_error)
+        self.spec = spec = LoaderSpec.of(
+            dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform,
+            batch_transform=batch_transform, collate=collate, on_error=on_error, rank=rank, world_size=world_size,
+        )
+        self.dataset, self.order, self.batch_size, self.shuffle = spec.dataset, spec.order, spec.batch_size, spec.shuffle
+        self.fns, self.rank, self.world_size = spec.fns, spec.rank, spec.world_size
         self.columnar = bool(columnar)
-        self.rank, self.world_size = distributed_defaults(rank, world_size)
         self.workers = Workers.of(workers)
         self.watchdog = Watchdog.of(watchdog)
         if self.workers.kind == "processes":
@@ -159,8 +114,7 @@ class Loader:
         self._pool = BlockPool(pin=pin)
         self.epoch = 0
         self._start = 0  # position in the global order where the next pass starts
-        self._explicit = False  # set_epoch / load_state_dict since the current pass began: it wins over the pass's end
-        self._pass: Any = None
+        self._pass: Any = None  # the last pass started; its state (chute.pipeline.lifecycle) says what it holds
         self._processes = None
         self._start_method = "spawn"  # of worker processes ("fork" only in tests: unsafe with threads and torch)
         self._epoch_shards: tuple[int, list[int]] | None = None  # progressive: (epoch, its shards) from a loaded state
@@ -229,12 +183,13 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Run ``epoch`` next, from its start (also when called during a pass: it applies to the next one)."""
-        self.epoch, self._start, self._explicit = int(epoch), 0, True
+        self.epoch, self._start = int(epoch), 0
+        self._moved()
 
     def __len__(self) -> int:
         """Batches the next pass delivers on this rank (progressive: were it to start now)."""
         run = self._pass
-        if run is not None and not run.finished and not run.closed_by_stream:
+        if run is not None and delivering(run.state):
             return run.steps
         if self._progressive is not None:
             loaded = self._epoch_shards
@@ -256,7 +211,7 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop is: the epoch and the global position of what it has received."""
         run = self._pass
-        if run is None or run.finished or self._explicit:
+        if run is None or not holds_position(run.state):
             epoch, consumed, order = self.epoch, self._start, self.order
             shards = self._epoch_shards[1] if self._epoch_shards and self._epoch_shards[0] == epoch else None
         else:
@@ -284,7 +239,7 @@ class Loader:
             epoch, shards = int(state["epoch"]), state["progressive_shards"]
             self._epoch_shards = None if shards is None else (epoch, [int(i) for i in shards])
             self.epoch, self._start = epoch, int(state["consumed"]) if shards is not None else 0
-            self._explicit = True
+            self._moved()
             return
         try:
             epoch, consumed = self.order.check_state(state)
@@ -292,7 +247,13 @@ class Loader:
             raise ChuteError(str(exc)) from None
         if consumed >= self.order.num_rows and self.order.num_rows:
             epoch, consumed = epoch + 1, 0
-        self.epoch, self._start, self._explicit = epoch, consumed, True
+        self.epoch, self._start = epoch, consumed
+        self._moved()
+
+    def _moved(self) -> None:
+        """set_epoch / load_state_dict: the position is the loader's now, not the pass's (chute.pipeline.lifecycle)."""
+        if self._pass is not None:
+            self._pass.on(Event.SET_POSITION)
 
     def set_weights(self, weights: dict[str, float]) -> None:
         """A mixture's new weights, by source name, from the next batch the loop receives on.
@@ -305,16 +266,15 @@ class Loader:
         if change is None:
             raise ChuteError("set_weights needs a mixture: chute.Loader(chute.mix({...}, weights={...}), ...)")
         run = self._pass
-        running = run is not None and not run.finished and not run.closed_by_stream and run.executor is not None
-        if running and self.device is not None:
+        if run is not None and delivering(run.state) and self.device is not None:
             raise ChuteError(
                 "set_weights during a pass is not supported with device=...: batches already on the device would keep the "
                 "old weights; call it between passes (before iter(loader))"
             )
         state = self.state_dict()
         change(int(state["epoch"]), int(state["consumed"]), weights)
-        if running:
-            run.restart_at = int(state["consumed"])
+        if run is not None:
+            run.on(Event.SET_WEIGHTS)  # a running pass rebuilds its stages before its next batch
 
     # ------------------------------------------------------------------ iteration
 
@@ -332,21 +292,20 @@ class Loader:
     def _begin(self, run: Any) -> None:
         """A pass starts: the one before it, if still open, stops now."""
         previous = self._pass
-        if previous is not None and previous is not run and not previous.closed_by_stream:
-            previous.ended_by = "a newer pass over the same loader"
-            previous.close()
         self._pass = run
-        self._explicit = False
+        run.on(Event.START)
+        if previous is not None and previous is not run:
+            previous.on(Event.CLOSE)
+            previous.close()
 
     def _finished(self, run: Any) -> None:
         """The last batch of ``run`` is delivered: the next pass runs the next epoch (unless set since)."""
-        if self._pass is run and not self._explicit and not run.advanced:
-            run.advanced = True
+        if run.on(Event.LAST) is Action.ADVANCE and self._pass is run:
             self.epoch, self._start = run.epoch + 1, 0
 
-    def _ended(self, run: Any) -> None:
-        """The stream of ``run`` has ended (exhausted, left early, failed)."""
-        run.closed_by_stream = True
+    def _ended(self, run: Any, event: Event = Event.END) -> None:
+        """The stream of ``run`` has ended: exhausted or left early (``END``), or it raised (``FAIL``)."""
+        run.on(event)
         if run.skipped:
             self.skipped.extend(run.skipped)
             log.warning(
@@ -399,7 +358,7 @@ class Loader:
     def close(self) -> None:
         """Stop worker processes, if any (threads stop at the end of each pass), and a progressive filler."""
         if self._pass is not None:
-            self._pass.ended_by = self._pass.ended_by or "Loader.close()"
+            self._pass.on(Event.CLOSE)
             self._pass.close()
         if self._progressive is not None:
             self._progressive.close()

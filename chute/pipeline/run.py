@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from chute.errors import ChuteError
+from chute.errors import ChuteError, StallError
 from chute.pipeline.channel import Channel, Closed
+from chute.pipeline.lifecycle import Action, Event, State, after
 
 log = logging.getLogger("chute")
 
@@ -47,12 +48,7 @@ class Pass:
         self.received = 0  # batches the consumer has taken (the resume position is computed from it)
         self.submitted = 0
         self.skipped: list[int] = []
-        self.finished = False  # the last batch has been delivered
-        self.advanced = False  # ... and the loader moved to the next epoch
-        self.closed_by_stream = False
-        self.stalled = False
-        self.ended_by: str | None = None  # why the pass was ended from outside (a newer pass, close())
-        self.restart_at: int | None = None  # set_weights during the pass: go on from this position, rebuilt
+        self.state = State.NEW  # chute.pipeline.lifecycle: moved only by on()
         self.shards: list[int] | None = None  # progressive: the epoch's shards
         self.holds: Any = None  # progressive: the holds on the epoch's shards
         self.fetcher: Any = None  # a remote dataset's downloader (or progressive holds)
@@ -60,7 +56,11 @@ class Pass:
         self.task: Any = None
         self.channel: Channel | None = None
         self.executor: Any = None
-        self.host_done = False
+
+    def on(self, event: Event) -> Action:
+        """Apply ``event`` to the pass's state (``chute.pipeline.lifecycle``); the action that comes with it."""
+        self.state, action = after(self.state, event)
+        return action
 
     # ------------------------------------------------------------------ for the report and the watchdog
 
@@ -81,21 +81,26 @@ class Pass:
             return f"sample {index}"
 
     def restart(self) -> None:
-        """Drop what was built ahead and go on from position ``restart_at`` with new stages (a mixture's new weights)."""
-        position, self.restart_at = self.restart_at, None
+        """Drop what was built ahead and go on, with new stages, from what the loop received (a mixture's new weights)."""
+        position = self.order.consumed_after(self.received, self.world_size, self.start)
         self.close()
         self.start, self.received, self.submitted = position, 0, 0
         self.steps = self.order.num_batches(self.world_size, position)
         self.executor = None
         self.loader._start_pass(self)
+        self.on(Event.RESTARTED)
 
-    def close(self) -> None:
-        """Stop the executor and the downloader; results not taken are dropped."""
+    def close(self, broken: bool = False) -> None:
+        """Stop the executor and the downloader; results not taken are dropped.
+
+        ``broken`` (a stalled pass): its workers may be stuck for good, so they
+        are not waited for. Closing again does nothing more.
+        """
         channel, executor, fetcher = self.channel, self.executor, self.fetcher
         if channel is not None:
             channel.close()
         if executor is not None:
-            stuck = executor.close(timeout=0.1 if self.stalled else 5.0, broken=self.stalled)
+            stuck = executor.close(timeout=0.1 if broken else 5.0, broken=broken)
             if stuck:
                 log.warning("chute: %d loader thread(s) still busy after shutdown: %s", len(stuck), [t.name for t in stuck])
         if fetcher is not None:
@@ -123,10 +128,12 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
         history = watch.history if watch is not None else None
         next_tick = tuner.next_ns if tuner is not None else 1 << 62
     called = clock()
+    restarting = State.RESTARTING
+    end = Event.END
     try:
         step = 0
         while step < n:
-            if run.restart_at is not None:  # set_weights: what was built ahead is stale; go on from what was received
+            if run.state is restarting:  # set_weights: what was built ahead is stale; go on from what was received
                 run.restart()
                 channel, executor, fetcher, n = run.channel, run.executor, run.fetcher, run.steps
                 take, submit = channel.take, executor.submit
@@ -154,10 +161,8 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
             run.submitted = submitted
             if skipped:
                 run.skipped.extend(skipped)
-            if step == n - 1:
-                run.finished = True
-                if not device_side:
-                    loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
+            if step == n - 1 and not device_side:
+                loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
             if counters is None:
                 if batch is not None:
                     yield (step, rows, batch) if device_side else batch
@@ -190,15 +195,22 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                 timeout = watch.timeout(first=False)
             called = done
             step += 1
+    except StallError:
+        end = Event.FAIL
+        run.close(broken=True)  # its workers may be stuck for good: the pass is closed without waiting for them
+        raise
+    except GeneratorExit:
+        raise
+    except BaseException:
+        end = Event.FAIL
+        raise
     finally:
         run.submitted = submitted
-        if device_side:
-            run.host_done = True
-        else:
+        if not device_side:
             if counters is not None:
                 meter.end_pass(run)
             run.close()
-            loader._ended(run)
+            loader._ended(run, end)
 
 
 def _prime(executor: Any, n: int) -> int:
@@ -211,7 +223,8 @@ def _prime(executor: Any, n: int) -> int:
 
 def ended(run: Pass) -> ChuteError:
     """The error of a pass whose channel was closed under it."""
-    return ChuteError(f"this pass was ended by {run.ended_by or 'its loader'}; a Loader runs one pass at a time: iterate the new pass, or call iter(loader) again")
+    by = "Loader.close()" if run.loader._pass is run else "a newer pass over the same loader"
+    return ChuteError(f"this pass was ended by {by}; a Loader runs one pass at a time: iterate the new pass, or call iter(loader) again")
 
 
 
@@ -230,6 +243,7 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
     loader = run.loader
     called = clock()
     k = 0
+    end = Event.END
     try:
         while True:
             try:
@@ -240,7 +254,7 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
             except Closed:
                 raise ended(run) from None
             except StopIteration:
-                if run.finished:  # the host took the last step, whose batch had every sample skipped
+                if run.steps:  # the host took the last step, whose batch had every sample skipped
                     loader._finished(run)
                 return
             got = clock()
@@ -263,12 +277,21 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
                 timeout = watch.timeout(first=False)
             called = done
             k += 1
+    except StallError:
+        end = Event.FAIL
+        run.close(broken=True)  # its workers may be stuck for good: the pass is closed without waiting for them
+        raise
+    except GeneratorExit:
+        raise
+    except BaseException:
+        end = Event.FAIL
+        raise
     finally:
         run.close()  # first: the device stage's thread may be waiting on the pass's channel
         prefetcher.close()
         if counters is not None:
             meter.end_pass(run)
-        loader._ended(run)
+        loader._ended(run, end)
 
 
 def empty_rows() -> np.ndarray:
