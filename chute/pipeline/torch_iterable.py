@@ -38,9 +38,9 @@ import torch
 
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
-from chute.pipeline.config import Shuffle, check_batch_size, check_seed, check_shuffle
-from chute.pipeline.loader import dataset_and_order, distributed_defaults
-from chute.pipeline.transform import Functions, Transform
+from chute.pipeline.config import Shuffle
+from chute.pipeline.spec import LoaderSpec
+from chute.pipeline.transform import Transform
 
 # Slots of the shared counter.
 _BASE, _PASS, _WORKERS, _JOINED = range(4)
@@ -112,10 +112,12 @@ class TorchIterable(torch.utils.data.IterableDataset):
         world_size: int | None = None,
         on_error: str = "raise",
     ) -> None:
-        self.batch_size = check_batch_size(batch_size)
-        self.dataset, self.order = dataset_and_order(dataset, self.batch_size, check_shuffle(shuffle), check_seed(seed), drop_last)
-        self.fns = Functions(transform, batch_transform, collate, on_error)
-        self.rank, self.world_size = distributed_defaults(rank, world_size)
+        self.spec = spec = LoaderSpec.of(
+            dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform,
+            batch_transform=batch_transform, collate=collate, on_error=on_error, rank=rank, world_size=world_size,
+        )
+        self.dataset, self.order, self.batch_size = spec.dataset, spec.order, spec.batch_size
+        self.fns, self.rank, self.world_size = spec.fns, spec.rank, spec.world_size
         self.epochs = EpochCounter()
 
     def set_epoch(self, epoch: int) -> None:
