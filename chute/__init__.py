@@ -46,7 +46,7 @@ _EXPORTS = {
     "Workers": "chute.pipeline.config",
     "Shuffle": "chute.pipeline.config",
     "Watchdog": "chute.pipeline.config",
-    "observe": "chute.observe.consumer",
+    "observe": "chute.observe",  # a subpackage, callable: chute.observe(iterable) measures any loop
     "mix": "chute.mixture",
     "sample_rng": "chute.pipeline.randomness",
     "sample_seed": "chute.pipeline.randomness",
@@ -70,11 +70,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-# ``chute.observe`` is the function, but importing the subpackage of the same name
-# (which the Loader does) would rebind the attribute to the subpackage; binding the
-# function after the subpackage is loaded keeps it. The subpackage needs only the
-# standard library, so this costs a few milliseconds. Submodules are imported as
-# ``from chute.observe.report import Report``.
-__getattr__("observe")

@@ -171,7 +171,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from chute.observe import bench
+    from chute.tools import bench
 
     if args.plot:  # fail before the run, not after it
         _require_matplotlib()
@@ -194,7 +194,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from chute.observe import bench
+    from chute.tools import bench
 
     result = bench.run(
         args.dataset, batch_size=args.batch_size, num_threads=None, max_count=args.max_threads or None, epochs=None, seconds=args.seconds,
@@ -209,7 +209,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from chute.observe import doctor
+    from chute.tools import doctor
 
     dataset = None
     if args.dataset:

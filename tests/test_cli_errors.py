@@ -112,7 +112,7 @@ def test_a_missing_dataset_and_a_missing_transform(capsys, dataset, tmp_path):
 
 def test_a_bug_keeps_its_traceback(monkeypatch):
     """An exception that is not a user's mistake is a bug in chute: main() lets it through, traceback and all."""
-    from chute.observe import doctor
+    from chute.tools import doctor
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")

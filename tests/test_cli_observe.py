@@ -58,7 +58,7 @@ def test_bench_counts_the_bytes_of_map_and_string_columns(tmp_path, capsys):
 
 
 def test_steady_state_leaves_out_the_wait_for_the_first_batch():
-    from chute.observe.bench import steady_rate
+    from chute.tools.bench import steady_rate
 
     # the first batch after 2 s of start-up, then a batch of 100 every 0.1 s: 1,000 samples/s
     stamps = [(2.0 + 0.1 * i, 100) for i in range(51)]

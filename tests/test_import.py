@@ -34,15 +34,17 @@ def test_every_public_name_resolves_and_from_import_works():
     assert out["open"] == "chute.storage.open" and out["loader"] == "chute.pipeline.loader"
 
 
-def test_chute_observe_stays_the_function_after_its_subpackage_is_imported():
+def test_chute_observe_is_one_callable_package():
     out = _python(
-        "import json, chute\n"
+        "import json, sys, chute\n"
+        "f = chute.observe\n"
         "chute.Loader  # imports chute.observe.* underneath\n"
         "from chute.observe.report import Report\n"
-        "import chute.observe.bench\n"
-        "print(json.dumps(callable(chute.observe) and chute.observe.__name__))"
+        "import chute.tools.bench\n"
+        "observed = chute.observe([1, 2])\n"
+        "print(json.dumps([chute.observe is f is sys.modules['chute.observe'], type(observed).__name__, list(observed)]))"
     )
-    assert out == "observe"
+    assert out == [True, "Observed", [1, 2]]
 
 
 def test_an_unknown_name_is_an_attribute_error():

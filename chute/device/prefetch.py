@@ -2,7 +2,7 @@
 
 ``DevicePrefetcher`` runs one pass over an iterable of batches: a daemon thread
 (``chute-device:<device>``) pulls each batch, starts its copy to the device
-(:class:`DeviceCopier`) and puts it in a :class:`chute.pipeline.channel.Channel`
+(:class:`DeviceCopier`) and puts it in a :class:`chute._channel.Channel`
 of ``depth`` slots; the consumer takes batches in order and hands each over to
 its current stream. ``DeviceLoader`` (what ``to_device`` returns) is the
 re-iterable wrapper: one prefetcher per ``iter()``.
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from chute.device.copier import DeviceCopier, DeviceLike, resolve_device
-from chute.pipeline.channel import Channel, Closed, Failure
+from chute._channel import Channel, Closed, Failure
 
 CopiedCallback = Callable[[Any, "torch.cuda.Event | None"], None]
 

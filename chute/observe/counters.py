@@ -328,3 +328,18 @@ class Counters:
                 spans.append(record)
         return spans
 
+
+def nbytes_of(batch: Any) -> int:
+    """Bytes of the tensors and byte strings at the top level of a batch (dict, list or tensor)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.nbytes
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    total = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            total += value.nbytes
+        elif isinstance(value, list) and value and isinstance(value[0], (bytes, bytearray)):
+            total += sum(len(v) for v in value)
+    return total

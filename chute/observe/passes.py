@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from chute.observe.autotune import Autotuner
-from chute.observe.counters import Counters, Snapshot
+from chute.observe.counters import Counters, Snapshot, nbytes_of
+from chute.observe.hooks import Hook
 from chute.observe.report import Context, Report, build, cache_window
 
 
@@ -61,16 +62,18 @@ class DeviceTiming:
 
     def copied(self, item: Any, event: Any) -> None:
         """``item`` is the pass's ``(step, rows, batch)``."""
-        from chute.pipeline.task import nbytes_of
-
         now = time.perf_counter_ns()
         step, rows, batch = item
         self.stage.record(self._got_ns, now, rows, nbytes_of(batch), step)
         self._copied_ns = now
 
 
-class LoaderMeter:
-    """Counters, report windows and the autotuner of one Loader."""
+class LoaderMeter(Hook):
+    """Counters, report windows and the autotuner of one Loader.
+
+    Subscribed to the Loader's hooks: a pass's ``start`` event opens its report
+    window, its stream's ``end`` or ``fail`` closes it.
+    """
 
     def __init__(self, counters: Counters, tuner: Autotuner | None = None, cache: Any = None) -> None:
         self.counters = counters
@@ -87,7 +90,13 @@ class LoaderMeter:
         self.first_batch_ns: int | None = None  # time from the start of the pass to its first batch
         self.ready: int | None = None  # fewest finished batches seen waiting (sampled by the loop)
 
-    # ------------------------------------------------------------------ the Loader's calls
+    # ------------------------------------------------------------------ events and the Loader's calls
+
+    def pass_event(self, run: Any, event: str, before: str, after: str) -> None:
+        if event == "start" and before == "new":
+            self.start_pass(run)
+        elif event in ("end", "fail"):
+            self.end_pass(run)
 
     def start_pass(self, run: Any = None) -> None:
         """A pass begins (its first ``next()``): its report window starts now."""

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from chute.pipeline.channel import Channel
+from chute._channel import Channel
 from chute.pipeline.gather import Gather
 from chute.pipeline.indices import BatchIndices
 from chute.pipeline.run import Pass, device_stream, stream
@@ -25,11 +25,15 @@ from chute.pipeline.transform import Transform
 
 #: Slots of a pass's channel: the most batches in flight the autotuner may ask for.
 MAX_DEPTH = 256
+#: Free output blocks of each shape kept at the start of a pass, beyond its batches in flight and its threads.
+KEEP_SPARE = 8
 
 
 def start(loader: Any, run: Pass) -> None:
     """Make the stages of ``run`` and start its threads (called by the pass's stream on its first ``next()``)."""
     loader._begin(run)  # the previous pass, if still open, stops now
+    threads, depth = loader._threads_and_depth()
+    loader._pool.trim(keep=depth + threads + KEEP_SPARE)  # blocks of batches a loop held, then dropped, go back
     if loader._progressive is not None:
         _progressive_epoch(loader, run)
     counters = loader.counters
@@ -45,7 +49,6 @@ def start(loader: Any, run: Pass) -> None:
     fns = loader.fns
     transform = None if fns.identity else Transform(fns, run.dataset, loader._pool, loader.order.seed)
     run.task = BatchTask(run.indices, Gather(run.dataset, loader._pool, loader.columnar), transform, run.epoch, run.fetcher, counters)
-    threads, depth = loader._threads_and_depth()
     from chute.pipeline.threads import ThreadExecutor
 
     run.executor = ThreadExecutor(
@@ -84,9 +87,7 @@ def iterate(loader: Any, epoch: int, position: int) -> Iterator[Any]:
     from chute.device import DeviceCopier, DevicePrefetcher
 
     def on_device() -> Iterator[Any]:
-        if meter is not None:
-            meter.start_pass(run)
-        start(loader, run)  # in the training loop's thread, before the device stage's thread exists
+        start(loader, run)  # (its START event opens the report's window)  # in the training loop's thread, before the device stage's thread exists
         host = stream(run, None, meter, device_side=True)
         timing = None if meter is None else meter.device(run)
         prefetcher = DevicePrefetcher(

@@ -20,6 +20,7 @@ from typing import Any
 
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
+from chute.observe.hooks import Hooks
 from chute.pipeline.config import Shuffle, Watchdog, Workers, refuse_habits
 from chute.pipeline.lifecycle import Action, Event, delivering, holds_position
 from chute.pipeline.spec import LoaderSpec
@@ -119,6 +120,7 @@ class Loader:
         self._start_method = "spawn"  # of worker processes ("fork" only in tests: unsafe with threads and torch)
         self._epoch_shards: tuple[int, list[int]] | None = None  # progressive: (epoch, its shards) from a loaded state
         self.skipped: list[int] = []
+        self.hooks = Hooks()  # observers of the passes' events (chute.observe.hooks)
         self._setup_measurement(counters_on)
         self._setup_storage()
 
@@ -148,6 +150,8 @@ class Loader:
             )
             tuner = Autotuner(policy, self.counters)
         self._meter = None if self.counters is None else LoaderMeter(self.counters, tuner, getattr(self.dataset, "cache", None))
+        if self._meter is not None:
+            self.hooks.add(self._meter)
         self._waits = WaitHistory()  # the loop's recent waits, for the adaptive stall timeout
 
     def _first_depth(self) -> int:
@@ -331,9 +335,9 @@ class Loader:
         return StallWatch(self.watchdog.timeout, self.watchdog.on_stall, self._waits, self.describe_pass)
 
     def describe_pass(self, run: Any) -> Any:
-        from chute.observe.watchdog import LoaderProbe
+        from chute.pipeline.probe import describe
 
-        return LoaderProbe(self, run).details()
+        return describe(self, run)
 
     def _copier(self) -> Any:
         if self._copier_ is None:

@@ -16,7 +16,7 @@ still one whole batch::
     channel.take(step) ◄── channel.put(step, batch)
 
 The results reach the training loop through the same in-order
-:class:`chute.pipeline.channel.Channel` as the thread workers'. One receiver
+:class:`chute._channel.Channel` as the thread workers'. One receiver
 thread per pass (``chute-procs-r<rank>``) sends tasks (at most ``depth`` in
 flight, each to the worker with the fewest outstanding tasks, only while a
 ring slot is free) and files the replies; it waits on the pipes, the process
@@ -64,7 +64,7 @@ from typing import Any
 
 from chute.errors import ChuteError
 from chute.format.schema import FIXED_SIZE
-from chute.pipeline.channel import Failure
+from chute._channel import Failure
 from chute.pipeline.shm import ALIGN, Ring, slot_bytes
 from chute.pipeline.wire import PROTOCOL as _PROTOCOL
 from chute.pipeline.wire import decode, decode_exception

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from chute.errors import ChuteError, StallError
-from chute.pipeline.channel import Channel, Closed
+from chute._channel import Channel, Closed
 from chute.pipeline.lifecycle import Action, Event, State, after
 
 log = logging.getLogger("chute")
@@ -58,8 +58,10 @@ class Pass:
         self.executor: Any = None
 
     def on(self, event: Event) -> Action:
-        """Apply ``event`` to the pass's state (``chute.pipeline.lifecycle``); the action that comes with it."""
-        self.state, action = after(self.state, event)
+        """Apply ``event`` to the pass's state (``chute.pipeline.lifecycle``), tell the loader's hooks; the action to take."""
+        before = self.state
+        self.state, action = after(before, event)
+        self.loader.hooks.pass_event(self, event.value, before.value, self.state.value)
         return action
 
     # ------------------------------------------------------------------ for the report and the watchdog
@@ -111,9 +113,7 @@ class Pass:
 def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = False) -> Iterator[Any]:
     """The batches of ``run``, in order (the training loop's side, or the device stage's with ``device_side``)."""
     loader = run.loader
-    if meter is not None and not device_side:
-        meter.start_pass(run)  # before the stages start: the pass's window covers their first downloads
-    if run.executor is None:
+    if run.executor is None:  # (its START event opens the report's window before the stages start)
         loader._start_pass(run)
     channel, executor, fetcher, n = run.channel, run.executor, run.fetcher, run.steps
     take, submit = channel.take, executor.submit
@@ -127,6 +127,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
         counters.name_thread()
         history = watch.history if watch is not None else None
         next_tick = tuner.next_ns if tuner is not None else 1 << 62
+    per_batch = loader.hooks.per_batch  # subscribers to every batch: none by default, and then no call
     called = clock()
     restarting = State.RESTARTING
     end = Event.END
@@ -165,7 +166,10 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                 loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
             if counters is None:
                 if batch is not None:
+                    if per_batch and not device_side:
+                        loader.hooks.batch(run, step, got - called, rows)
                     yield (step, rows, batch) if device_side else batch
+                    called = clock() if per_batch else called
                 step += 1
                 continue
             consumer.wait_ns += got - called  # (LoaderMeter.delivered, inline: a call per batch saved)
@@ -179,6 +183,8 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                 if history is not None and step:
                     history.values[history.count % history.size] = (got - called) / 1e9
                     history.count += 1
+                if per_batch:
+                    loader.hooks.batch(run, step, got - called, rows)
                 yield batch
             done = clock()
             consumer.compute_ns += done - got
@@ -195,22 +201,26 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                 timeout = watch.timeout(first=False)
             called = done
             step += 1
-    except StallError:
-        end = Event.FAIL
-        run.close(broken=True)  # its workers may be stuck for good: the pass is closed without waiting for them
-        raise
-    except GeneratorExit:
-        raise
-    except BaseException:
-        end = Event.FAIL
+    except BaseException as exc:
+        end = _raised(run, exc)
         raise
     finally:
         run.submitted = submitted
         if not device_side:
-            if counters is not None:
-                meter.end_pass(run)
+            loader._ended(run, end)  # (its END or FAIL event closes the report's window)
             run.close()
-            loader._ended(run, end)
+
+
+def _raised(run: Pass, exc: BaseException) -> Event:
+    """The event of a stream left by ``exc``: the loop left (``GeneratorExit``), else it failed.
+
+    A stall closes the pass at once without waiting for its workers: they may be stuck for good.
+    """
+    if isinstance(exc, GeneratorExit):
+        return Event.END
+    if isinstance(exc, StallError):
+        run.close(broken=True)
+    return Event.FAIL
 
 
 def _prime(executor: Any, n: int) -> int:
@@ -241,6 +251,7 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
     timeout = watch.timeout(first=True) if watch is not None else -1
     counters = meter.counters if meter is not None else None
     loader = run.loader
+    per_batch = loader.hooks.per_batch
     called = clock()
     k = 0
     end = Event.END
@@ -265,6 +276,8 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
                 meter.delivered(called, got, rows)
                 if watch is not None and k:
                     watch.history.add((got - called) / 1e9)
+            if per_batch:
+                loader.hooks.batch(run, step, got - called, rows)
             yield batch
             done = clock()
             if counters is not None:
@@ -277,21 +290,13 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
                 timeout = watch.timeout(first=False)
             called = done
             k += 1
-    except StallError:
-        end = Event.FAIL
-        run.close(broken=True)  # its workers may be stuck for good: the pass is closed without waiting for them
-        raise
-    except GeneratorExit:
-        raise
-    except BaseException:
-        end = Event.FAIL
+    except BaseException as exc:
+        end = _raised(run, exc)
         raise
     finally:
         run.close()  # first: the device stage's thread may be waiting on the pass's channel
         prefetcher.close()
-        if counters is not None:
-            meter.end_pass(run)
-        loader._ended(run, end)
+        loader._ended(run, end)  # (its END or FAIL event closes the report's window)
 
 
 def empty_rows() -> np.ndarray:

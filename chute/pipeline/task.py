@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from chute.observe.counters import nbytes_of
 from chute.pipeline.gather import Gather
 from chute.pipeline.indices import BatchIndices
 from chute.pipeline.transform import Transform
@@ -113,22 +114,6 @@ class BatchTask:
 
 _NONE: list[int] = []
 _PARTS = ("per_sample", "collate", "batch_transform")  # no sample skipped (shared, never mutated)
-
-
-def nbytes_of(batch: Any) -> int:
-    """Bytes of the tensors and byte strings at the top level of a batch (dict, list or tensor)."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.nbytes
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    total = 0
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            total += value.nbytes
-        elif isinstance(value, list) and value and isinstance(value[0], (bytes, bytearray)):
-            total += sum(len(v) for v in value)
-    return total
 
 
 def shape_bytes(shape: tuple[int, ...], dtype: Any) -> int:

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from chute.pipeline.channel import Channel, Failure
+from chute._channel import Channel, Failure
 
 if TYPE_CHECKING:
     from chute.observe.counters import Stage

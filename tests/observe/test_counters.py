@@ -13,7 +13,7 @@ import torch
 import chute
 from chute.errors import ChuteError
 from chute.observe.counters import Counters
-from chute.pipeline.channel import Channel
+from chute._channel import Channel
 from chute.pipeline.threads import ThreadExecutor
 
 N = 600

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import chute
-from chute.observe import doctor
+from chute.tools import doctor
 
 GiB = 1 << 30
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from chute.errors import ChuteError
+
 
 class Failure:
     """An exception raised while producing a step, re-raised by the consumer at that step."""
@@ -37,6 +39,10 @@ class Failure:
 
 class Closed(Exception):
     """The channel was closed while the consumer waited."""
+
+
+class SlotFull(ChuteError):
+    """A step was put into a slot that still holds one the consumer has not taken."""
 
 
 class Channel:
@@ -57,13 +63,20 @@ class Channel:
     # ------------------------------------------------------------------ producers
 
     def put(self, step: int, item: Any) -> None:
-        """Fill the slot of ``step`` (whose previous step the consumer has taken)."""
+        """Fill the slot of ``step`` (whose previous step the consumer has taken).
+
+        Raises :class:`SlotFull` when the slot is still full on an open channel
+        (a step put twice, or a slot refilled before the consumer took it): a
+        batch would otherwise be lost without a word.
+        """
         i = step % self.slots
         self._items[i] = item
         try:
             self._full[i].release()
-        except RuntimeError:  # closed meanwhile: close() released the slot already; the item is dropped
-            self._items[i] = None
+        except RuntimeError:  # the slot's lock was already released: by close(), or by a put not taken yet
+            if not self.closed:
+                raise SlotFull(f"chute: step {step} was put into slot {i} of {self.slots}, which still holds a step the consumer has not taken (a bug in chute: please report it)") from None
+            self._items[i] = None  # closed meanwhile: the item is dropped
 
     def reserve(self, step: int) -> bool:
         """Wait until the slot of ``step`` is free (a single producer pulling from a source); False once closed."""
