@@ -60,9 +60,17 @@ def test_set_epoch_reaches_persistent_workers_and_counting_goes_on_from_it(ds, e
 
 
 def test_a_pass_left_early_counts_as_a_pass(ds, epochs):
+    """Left once every worker has joined the pass: the next pass is the next epoch.
+
+    The DataLoader takes batches from its workers in turn, so receiving two
+    batches is the event that says both workers have joined (no timing involved).
+    Leaving after one batch would race: a persistent worker that had not
+    joined the pass yet could join it after the other worker's next pass began.
+    """
     loader = torch.utils.data.DataLoader(batches(ds), batch_size=None, num_workers=2, persistent_workers=True)
     iterator = iter(loader)
-    next(iterator)
+    first = [next(iterator), next(iterator)]  # one from each worker
+    assert ids(first) == epochs[0][: 2 * BATCH]
     del iterator
     assert ids(loader) == epochs[1]
 

@@ -1,0 +1,102 @@
+"""Nothing chute started outlives ``close()``: no ``chute-*`` thread, in every mode a Loader runs in.
+
+Each case starts a pass, takes a few batches (so every stage is running), then
+leaves the pass and closes the Loader; the threads named ``chute-*`` that were
+not there before must be gone. Counted, not timed: ``close()`` joins what it
+started, so the check runs right after it returns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+import numpy as np
+import pytest
+
+import chute
+from chute.pipeline.stage import LoaderStage, Map
+
+
+def chute_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("chute-")}
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    rows = ({"x": np.full(4, i, np.float32), "id": i} for i in range(400))
+    return chute.write(rows, tmp_path_factory.mktemp("close") / "ds", shard_size=4000)
+
+
+def leave_and_close(loader: chute.Loader, batches: int = 3) -> None:
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    loader.close()
+    del it
+
+
+def add_one(sample):
+    return sample
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},  # threads, autotuned
+        {"workers": 3},
+        {"workers": chute.Workers("processes", count=2)},
+        {"device": "cpu"},
+        {"transform": add_one},
+    ],
+    ids=["threads", "three-threads", "processes", "device-cpu", "transform"],
+)
+def test_no_thread_survives_close(ds, kwargs):
+    before = chute_threads()
+    leave_and_close(chute.Loader(ds, 16, shuffle=True, **kwargs))
+    assert not {t.name for t in chute_threads() - before}
+
+
+def test_no_thread_survives_close_after_a_whole_pass_and_a_started_one(ds):
+    before = chute_threads()
+    loader = chute.Loader(ds, 16, workers=2)
+    assert sum(len(b["id"]) for b in loader) == 400
+    it = iter(loader)
+    next(it)
+    loader.close()
+    assert not {t.name for t in chute_threads() - before}
+
+
+def test_no_thread_survives_close_of_a_mixture(ds, tmp_path):
+    other = chute.write(({"x": np.zeros(4, np.float32), "id": -i} for i in range(100)), tmp_path / "other")
+    before = chute_threads()
+    leave_and_close(chute.Loader(chute.mix({"a": ds, "b": other}, weights={"a": 3, "b": 1}), 16, shuffle=True))
+    assert not {t.name for t in chute_threads() - before}
+
+
+def test_no_thread_survives_close_of_stages(ds):
+    before = chute_threads()
+    stages = Map(LoaderStage(chute.Loader(ds, 16)), lambda b: b, threads=2)
+    next(stages), next(stages)
+    stages.close()
+    assert not {t.name for t in chute_threads() - before}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("aiohttp") is None, reason="needs aiohttp (the test HTTP server)")
+def test_no_thread_survives_close_of_a_progressive_loader(ds, tmp_path, monkeypatch):
+    import shutil
+
+    from tests.servers import FaultyHTTPServer
+
+    monkeypatch.setenv("CHUTE_CACHE_DIR", str(tmp_path / "default-cache"))
+    root = tmp_path / "www"
+    shutil.copytree(ds.root, root / "ds")
+    with FaultyHTTPServer(root) as server:
+        before = chute_threads()
+        remote = chute.open(server.url + "ds", progressive=True, cache_dir=tmp_path / "cache", cache_limit=2 * ds.nbytes)
+        loader = chute.Loader(remote, 16, shuffle=True)
+        for _ in loader:  # epoch 0: what the filler brought by then
+            pass
+        loader.close()
+        remote.cache.close()
+        assert not {t.name for t in chute_threads() - before}
