@@ -42,24 +42,28 @@ from chute.pipeline.config import Shuffle
 from chute.pipeline.spec import LoaderSpec
 from chute.pipeline.transform import Transform
 
-# Slots of the shared counter.
-_BASE, _PASS, _WORKERS, _JOINED = range(4)
+#: DataLoader workers an :class:`EpochCounter` keeps a count for.
+MAX_WORKERS = 256
+# Slots of the shared counter: the base epoch, the workers of the DataLoader counted, then one count per worker.
+_BASE, _WORKERS, _COUNTS = 0, 1, 2
 
 
 class EpochCounter:
     """The epoch of each pass, agreed on by every DataLoader worker through shared memory.
 
     Made with the dataset, before any worker starts, so forked and spawned
-    workers (persistent or not) share it. Each worker joins a pass when it
-    starts iterating; the pass is full once as many workers as the DataLoader
-    has joined it, and the next join starts the next pass. A pass's epoch is
-    the last ``set_epoch`` value plus the passes started since.
+    workers (persistent or not) share it. Worker ``w`` counts the passes it
+    has joined: its ``k``-th ``iter()`` is pass ``k`` of the DataLoader, and a
+    pass's epoch is the last ``set_epoch`` value plus the pass's number. A
+    count per worker, not one per pass: a persistent worker that starts late
+    (its first ``iter()`` after the other worker's second) still joins the pass
+    it belongs to. A DataLoader with another number of workers starts after
+    the furthest pass any worker reached.
     """
 
-    def __init__(self, values: tuple[int, int, int, int] = (0, -1, 0, 0)) -> None:
-        # base, pass, workers of the pass, joined. A spawn-context lock also works in forked workers;
-        # a fork-context one cannot be sent to spawned ones.
-        self._shared = multiprocessing.get_context("spawn").Array("q", list(values))
+    def __init__(self, values: tuple[int, ...] | None = None) -> None:
+        # A spawn-context lock also works in forked workers; a fork-context one cannot be sent to spawned ones.
+        self._shared = multiprocessing.get_context("spawn").Array("q", list(values or [0] * (_COUNTS + MAX_WORKERS)))
 
     def __deepcopy__(self, memo: dict) -> EpochCounter:
         """A copy counts its own passes, from where this one is."""
@@ -68,30 +72,35 @@ class EpochCounter:
 
     def set(self, epoch: int) -> None:
         """The next pass runs ``epoch``."""
-        with self._shared.get_lock():
-            self._shared[_BASE], self._shared[_PASS], self._shared[_JOINED] = epoch, -1, 0
-
-    def join(self, workers: int) -> int:
-        """A worker of a DataLoader with ``workers`` workers starts a pass: that pass's epoch."""
         s = self._shared
         with s.get_lock():
-            if s[_PASS] < 0 or s[_JOINED] >= s[_WORKERS] or s[_WORKERS] != workers:
-                s[_PASS], s[_WORKERS], s[_JOINED] = s[_PASS] + 1, workers, 0
-            s[_JOINED] += 1
-            return s[_BASE] + s[_PASS]
+            s[_BASE] = epoch
+            s[_COUNTS:] = [0] * MAX_WORKERS
 
-    def resumed(self, epoch: int) -> None:
-        """The pass just joined is resuming ``epoch``: count the passes after it from there."""
+    def join(self, worker: int, workers: int) -> int:
+        """Worker ``worker`` of a DataLoader with ``workers`` workers starts a pass: that pass's epoch."""
+        if workers > MAX_WORKERS:
+            raise ChuteError(f"a TorchIterable counts passes for at most {MAX_WORKERS} DataLoader workers, got num_workers={workers}")
         s = self._shared
         with s.get_lock():
-            s[_BASE] = epoch - max(s[_PASS], 0)
+            if s[_WORKERS] != workers:  # another DataLoader: its first pass comes after every pass seen
+                s[_COUNTS:] = [max(s[_COUNTS:])] * MAX_WORKERS
+                s[_WORKERS] = workers
+            number = s[_COUNTS + worker]
+            s[_COUNTS + worker] = number + 1
+            return s[_BASE] + number
+
+    def resumed(self, worker: int, epoch: int) -> None:
+        """The pass ``worker`` just joined is resuming ``epoch``: count the passes after it from there."""
+        s = self._shared
+        with s.get_lock():
+            s[_BASE] = epoch - max(s[_COUNTS + worker] - 1, 0)
 
     def next_epoch(self) -> int:
-        """The epoch a pass starting now would run (for ``len`` and the repr; no worker joins)."""
+        """The epoch a pass starting now would run (for the repr; no worker joins)."""
         s = self._shared
         with s.get_lock():
-            full = s[_PASS] < 0 or s[_JOINED] >= s[_WORKERS]
-            return s[_BASE] + s[_PASS] + (1 if full else 0)
+            return s[_BASE] + min(s[_COUNTS:_COUNTS + max(1, s[_WORKERS])])
 
 
 class TorchIterable(torch.utils.data.IterableDataset):
@@ -130,7 +139,7 @@ class TorchIterable(torch.utils.data.IterableDataset):
     def __iter__(self) -> TorchIterablePass:
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        return TorchIterablePass(self, self.epochs.join(workers), worker, workers)
+        return TorchIterablePass(self, self.epochs.join(worker, workers), worker, workers)
 
     def __repr__(self) -> str:
         return (
@@ -201,4 +210,4 @@ class TorchIterablePass:
                 f"{state.get('workers')}'s, this is worker {self.worker} of {self.workers}; resume with the same num_workers"
             )
         self.epoch, self.step = epoch, int(state["step"])
-        source.epochs.resumed(epoch)
+        source.epochs.resumed(self.worker, epoch)

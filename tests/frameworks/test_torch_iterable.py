@@ -88,3 +88,19 @@ def test_a_copy_counts_its_own_passes(ds, epochs):
     twin = copy.deepcopy(source)
     assert ids(source) == epochs[1]
     assert ids(twin) == epochs[1]
+
+
+def test_a_late_persistent_worker_joins_the_pass_it_belongs_to():
+    """The order that raced: worker 0 starts pass 0 and its next pass before worker 1's first iter() arrives.
+
+    Played on the shared counter directly, in that order (no processes, no timing).
+    """
+    from chute.pipeline.torch_iterable import EpochCounter
+
+    counter = EpochCounter()
+    counter.set(7)
+    assert counter.join(0, 2) == 7  # worker 0, pass 0 (the pass the loop left after one batch)
+    assert counter.join(0, 2) == 8  # worker 0, the next pass
+    assert counter.join(1, 2) == 7  # worker 1's first iter(), late: still pass 0 (its iterator is dropped)
+    assert counter.join(1, 2) == 8  # worker 1, the next pass: the same epoch as worker 0's
+    assert counter.join(0, 3) == 9  # another DataLoader (3 workers) starts after every pass seen
