@@ -40,8 +40,10 @@ def main(url: str, cache_dir: str, limit: str, seed: str, window: str, batch: st
         path = os.path.join(out_dir, f"epoch-{epoch}.pt")
         torch.save(columns, path + ".tmp")
         os.replace(path + ".tmp", path)
+        print(f"stress member: epoch {epoch} saved", file=sys.stderr, flush=True)
     ld.close()
     ds.close()
+    print("stress member: closed, exiting", file=sys.stderr, flush=True)
     print("done", flush=True)
 
 
