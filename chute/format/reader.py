@@ -99,7 +99,7 @@ class _Shard:
                 f"{arrow_schema}; the shard does not belong to this dataset: write it again"
             )
         if checks is not None:  # offsets, buffer bounds, rows and nulls, before anything is decoded
-            checks.structure(batches, path, info, schema, where)
+            checks.structure(batches, self.mmap, info, schema, where)
         rows = sum(b.num_rows for b in batches)
         if rows != info.rows:
             raise ShardError(f"{where}: shard {info.file} holds {rows} rows, the manifest says {info.rows}; write the dataset again")
