@@ -10,6 +10,14 @@ renamed: a member killed mid-write leaves no half file). It prints "done" last.
 SIGUSR1 dumps every thread's stack to stderr (faulthandler): the test sends it to
 the members still running when a round passes its time bound, so that a hang
 fails with the stacks of the processes that hung, not a silent timeout.
+
+After closing its loader and dataset (which must leave the cache: the test
+checks that no member file is left) the member leaves with ``os._exit``:
+members stopped and continued under load were seen to hang in the interpreter's
+final garbage collection, in C code (no Python frame), after everything of
+chute's had closed. That is a separate open problem (not the cache protocol this
+test checks); ``CHUTE_STRESS_NORMAL_EXIT=1`` lets members exit normally to
+reproduce it.
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ def main(url: str, cache_dir: str, limit: str, seed: str, window: str, batch: st
     ds.close()
     print("stress member: closed, exiting", file=sys.stderr, flush=True)
     print("done", flush=True)
+    if not os.environ.get("CHUTE_STRESS_NORMAL_EXIT"):
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
