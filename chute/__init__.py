@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from chute._version import __version__
 
 # Public name -> the module that defines it ("module:attribute" when the name differs there).
 # Adding a public name is one line here.
@@ -28,8 +28,8 @@ _EXPORTS = {
     "CacheFullError": "chute.errors",
     "WriteError": "chute.errors",
     "open": "chute.storage.open:open_dataset",
-    "write": "chute.format.writer",
-    "Writer": "chute.format.writer",
+    "write": "chute.storage.write",
+    "Writer": "chute.storage.write",
     "Dataset": "chute.format.reader",
     "Schema": "chute.format.schema",
     "Tensor": "chute.format.schema",

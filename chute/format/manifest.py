@@ -266,16 +266,20 @@ def parse_manifest(text: str, where: str) -> Manifest:
     try:
         schema = Schema.from_json(data["columns"])
         expected = schema.to_arrow()
-    except (ChuteError, ValueError, TypeError, KeyError, OverflowError, pa.ArrowException) as exc:
+    except (ChuteError, ValueError, TypeError, KeyError, OverflowError, pa.ArrowException, OSError) as exc:  # pa.ArrowIOError is a bare OSError
         raise ManifestError(f"{where}: field columns is not a valid schema ({_show(str(exc))}); write the dataset again") from None
     encoded = data["arrow_schema"]
     if not isinstance(encoded, str):
         raise ManifestError(f"{where}: field arrow_schema must be a base64 string, got {_show(encoded)}")
     try:
         arrow_schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(encoded, validate=True)))
-    except (ValueError, TypeError, pa.ArrowException) as exc:  # binascii.Error is a ValueError
+    except (ValueError, TypeError, pa.ArrowException, OSError) as exc:  # binascii.Error is a ValueError; pa.ArrowIOError an OSError
         raise ManifestError(f"{where}: field arrow_schema is not a serialised Arrow schema ({_show(str(exc))}); write the dataset again") from None
-    if not arrow_schema.equals(expected, check_metadata=False):
+    try:
+        same = arrow_schema.equals(expected, check_metadata=False)
+    except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
+        raise ManifestError(f"{where}: its Arrow schema cannot be compared with its column list ({_show(str(exc))}); the manifest is damaged") from None
+    if not same:
         raise ManifestError(f"{where}: its Arrow schema does not match its column list; the manifest is damaged")
     raw_shards = data["shards"]
     if not isinstance(raw_shards, list):

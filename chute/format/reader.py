@@ -19,10 +19,10 @@ caller is a copy it may write to.
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
@@ -46,26 +46,28 @@ from chute.format.schema import FIXED_SIZE, Scalar, Schema, Tensor
 
 __all__ = ["Dataset", "ShardSource", "torch_dtype"]
 
-# Shards a remote dataset keeps held for direct reads (outside a loader).
-_DIRECT_HOLDS = 2
-
-
 class ShardSource(Protocol):
-    """Where a dataset's shards come from when they are not files in its directory (the node cache).
+    """Where a dataset's shards come from when they are not files in its directory (the node cache,
+    ``chute.storage.cache.ShardCache``).
 
     ``acquire(i)`` makes shard ``i`` a complete local file at ``path(i)`` and
     holds it there until ``release(i)``; ``held(i)`` counts the holds of this
-    process; ``on_unpin(i)`` is set by the dataset and called when shard
-    ``i`` stops being held (its mapping must go). Picklable.
+    process. A direct read maps a shard inside ``hold_for_read(i)`` (the source
+    decides how long it stays held after) and a batch read runs inside
+    ``reading()``; ``release_direct()`` lets go of what direct reads kept.
+    ``on_unpin(i)`` is set by the dataset and called when shard ``i`` stops being
+    held (its mapping must go). Picklable.
     """
 
-    limit: int | None
     on_unpin: Any
 
     def path(self, i: int) -> str: ...
     def acquire(self, i: int) -> str: ...
     def release(self, i: int) -> None: ...
     def held(self, i: int) -> int: ...
+    def hold_for_read(self, i: int) -> AbstractContextManager[str]: ...
+    def reading(self) -> AbstractContextManager[None]: ...
+    def release_direct(self) -> None: ...
 
 
 class _Shard:
@@ -97,7 +99,7 @@ class _Shard:
                 f"{arrow_schema}; the shard does not belong to this dataset: write it again"
             )
         if checks is not None:  # offsets, buffer bounds, rows and nulls, before anything is decoded
-            checks.structure(batches, path, info, schema, where)
+            checks.structure(batches, self.mmap, info, schema, where)
         rows = sum(b.num_rows for b in batches)
         if rows != info.rows:
             raise ShardError(f"{where}: shard {info.file} holds {rows} rows, the manifest says {info.rows}; write the dataset again")
@@ -290,7 +292,6 @@ class Dataset:
         self._manifest_text = manifest_text
         self.cache = cache  # the shard source of a remote dataset (the node cache); None: files under root
         self.progressive = False  # opened with progressive=True (chute.open): each epoch covers what the cache holds
-        self._recent: collections.deque[int] = collections.deque()  # shards held for direct reads (remote)
         if cache is not None:
             cache.on_unpin = self._unmap
         self.offsets = np.zeros(len(manifest.shards) + 1, dtype=np.int64)
@@ -298,7 +299,6 @@ class Dataset:
         self._starts = self.offsets[:-1]
         self._shards: list[_Shard | None] = [None] * len(manifest.shards)
         self._lock = threading.Lock()
-        self._local = threading.local()  # a remote dataset's direct read in progress: the shards it holds
         self._batches = BatchReader(manifest.schema, self.offsets, self.shard, lambda i: manifest.shards[i].file, root)
         # the Loader's per-batch call: straight to the batch reader (no method of its own in between) for a local dataset
         self.read = self._batches.read if cache is None else self._read_held
@@ -383,62 +383,22 @@ class Dataset:
         return shard
 
     def _cached_shard(self, i: int) -> _Shard:
-        """Shard ``i`` of a remote dataset, mapped from the cache.
+        """Shard ``i`` of a remote dataset, mapped from the cache while the shard source holds it.
 
         A loader's downloader already holds the shards its batches read; a direct
-        read (``ds[i]``, ``get_batch`` outside a loader) holds the shard itself and
-        keeps the last few held, so neighbouring reads do not download again.
+        read (``ds[i]``, ``get_batch`` outside a loader) is held by the source for
+        as long as it decides (chute/storage/direct.py).
         """
-        cache = self.cache
-        reading = getattr(self._local, "reading", None)  # shards the read in progress needs: kept until it is done
-        if not cache.held(i):  # make room among this dataset's own holds first
-            size = self.manifest.shards[i].bytes
-            while True:
-                with self._lock:
-                    held = sum(self.manifest.shards[j].bytes for j in self._recent)
-                    full = len(self._recent) >= _DIRECT_HOLDS or (cache.limit is not None and held + size > cache.limit)
-                    drop = next((j for j in self._recent if reading is None or j not in reading), None) if full else None
-                    if drop is not None:
-                        self._recent.remove(drop)
-                if drop is None:
-                    break
-                cache.release(drop)
-        if reading is not None:
-            reading.add(i)
-        cache.acquire(i)
-        keep = cache.held(i) == 1  # nobody else holds it: this read keeps it for a while
-        try:
-            with self._lock:
-                shard = self._shards[i]
-                if shard is None:
-                    shard = self._open(i, cache.path(i))
-        except BaseException:
-            cache.release(i)
-            raise
-        if not keep:
-            cache.release(i)
-            return shard
-        with self._lock:
-            self._recent.append(i)
+        with self.cache.hold_for_read(i) as path, self._lock:
+            shard = self._shards[i]
+            if shard is None:
+                shard = self._open(i, path)
         return shard
 
     def _read_held(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
-        """:meth:`BatchReader.read` for a remote dataset: every shard the batch needs stays held until it is read.
-
-        (A direct read keeps at most a few shards held between reads; one batch
-        may span more, and releasing one to map the next would never end.)
-        """
-        self._local.reading = set()
-        try:
+        """:meth:`BatchReader.read` for a remote dataset: the shards the batch maps stay held until it is read."""
+        with self.cache.reading():
             return self._batches.read(indices, outs, columnar)
-        finally:
-            self._local.reading = None
-            while True:  # back to the few holds kept between direct reads
-                with self._lock:
-                    drop = self._recent.popleft() if len(self._recent) > _DIRECT_HOLDS else None
-                if drop is None:
-                    break
-                self.cache.release(drop)
 
     def _unmap(self, i: int) -> None:
         """Called by the shard source when shard ``i`` is no longer held: drop its mapping.
@@ -508,11 +468,8 @@ class Dataset:
         Called when a loader's pass starts, so that a process waiting for its turn
         in a cache shared with other processes holds nothing while it waits.
         """
-        with self._lock:
-            recent, self._recent = list(self._recent), collections.deque()
         if self.cache is not None:
-            for i in recent:
-                self.cache.release(i)
+            self.cache.release_direct()
 
     def close(self) -> None:
         """Unmap the shards (they are mapped again if the dataset is read later)."""

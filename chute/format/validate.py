@@ -7,8 +7,8 @@ offset in a string column would otherwise make Arrow read outside its buffer
 shard is checked once per process, when it is first mapped:
 
 1. **Bytes** (``verify=True``, the default): its size and its checksum equal the
-   manifest's, hashed over the mapping itself (no copy; xxh3 runs at memory
-   speed). This catches every flipped byte, a cached copy damaged after its
+   manifest's, hashed by reading the descriptor the mapping was made from (the
+   bytes the reader maps, even if the path is replaced meanwhile). This catches every flipped byte, a cached copy damaged after its
    download, and two same-size shards swapped on disk.
 2. **Structure** (always, also when the bytes are not hashed): the file's
    schema and row count are the manifest's, no column has nulls, and Arrow's
@@ -53,12 +53,12 @@ def checksum_buffer(buffer: Any, algorithm: str) -> str:
     return f"{algorithm}:{hasher.hexdigest()}"
 
 
-def checksum_read(path: str, algorithm: str, chunk: int = 8 << 20) -> str:
-    """The ``"<algorithm>:<hex>"`` checksum of a file, read in chunks into one reused buffer.
+def checksum_fd(fd: int, algorithm: str, chunk: int = 8 << 20) -> str:
+    """The checksum of the file open at ``fd`` (the descriptor a mapping was made from: the bytes
+    the reader maps, whatever the path names now), read with ``pread`` into one reused buffer.
 
-    Three times faster than hashing through a fresh mapping of the file (measured
-    on a 128 MiB shard in the page cache: 26-34 ms against 85-88 ms), which pays
-    a page fault per 4 KiB.
+    Three times faster than hashing through the mapping (measured on a 128 MiB shard
+    in the page cache: 26-34 ms against 85-88 ms), which pays a page fault per 4 KiB.
     """
     if algorithm == "xxh3_128":
         import xxhash
@@ -70,12 +70,13 @@ def checksum_read(path: str, algorithm: str, chunk: int = 8 << 20) -> str:
         hasher = hashlib.blake2b(digest_size=16)
     buffer = bytearray(chunk)
     view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buffer)
-            if not n:
-                break
-            hasher.update(view[:n])
+    offset = 0
+    while True:
+        n = os.preadv(fd, [buffer], offset)
+        if not n:
+            break
+        hasher.update(view[:n])
+        offset += n
     return f"{algorithm}:{hasher.hexdigest()}"
 
 
@@ -84,7 +85,7 @@ def check_bytes(mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: 
     size = mapped.size()
     if size != info.bytes:
         raise ShardError(f"{where}: shard {info.file} ({path}) is {size:,} bytes, the manifest says {info.bytes:,}; " + _advice(info))
-    digest = checksum_read(path, info.checksum.split(":", 1)[0])
+    digest = checksum_fd(mapped.fileno(), info.checksum.split(":", 1)[0])
     if digest != info.checksum:
         raise ShardError(
             f"{where}: shard {info.file} ({path}) has checksum {digest}, the manifest says {info.checksum} "
@@ -169,23 +170,33 @@ def check_empty_shards(root: str, manifest: Manifest, where: str) -> None:
                 raise ShardError(f"{where}: {problem}; write the dataset again")
 
 
+#: Most markers kept in one dataset directory's bucket; past it the oldest go (each marker saves one hash).
+MAX_MARKERS = 100_000
+
+
 class ShardChecks:
     """The shards one dataset has checked in this process (each once, see the module docstring).
 
-    A shard is identified by its file's inode, size and modification time, so a
-    file replaced in the cache (evicted, downloaded again) is checked again.
-    A checksum that matched is also remembered on this machine (an empty
-    marker file in ``<chute cache dir>/verified/``, named after the file's path,
-    inode, size, modification time and checksum), so other processes reading
-    the same unchanged file do not hash it again: the first read of a shard on
-    a machine pays for the hash, later ones (another epoch's processes, another
-    run) do not. A file rewritten in any way is hashed again; silent decay of
-    an unchanged file afterwards is what ``chute inspect --verify`` checks.
+    A shard file is identified by what ``fstat`` says of the descriptor the
+    reader maps: device, inode, size, modification and change times
+    (``st_ctime_ns`` moves with any write, ``utime`` or rename, and cannot be set
+    back by a user). The checksum is taken by reading that same descriptor, so
+    it covers the bytes the mapping shows, not whatever the path names later.
+
+    A matching checksum is also remembered on this machine, as a marker file
+    ``<chute cache dir>/verified/<dir>/<file>`` (one bucket per dataset
+    directory, one marker per shard file) holding that identity and the
+    checksum: other processes reading the same unchanged file do not hash it
+    again. A marker whose identity differs is ignored and replaced; the first
+    look into a bucket in a process removes the markers of files that are gone
+    or changed, and buckets of directories that are gone, so the markers never
+    outnumber the shard files checked (plus those checked since).
     """
 
     def __init__(self, verify: bool = True) -> None:
         self.verify = bool(verify)
-        self._done: set[tuple[str, int, int, int]] = set()
+        self._done: set[tuple[int, ...]] = set()
+        self._pruned: set[str] = set()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -196,47 +207,148 @@ class ShardChecks:
 
     def bytes(self, mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: str) -> None:
         """Check a newly mapped shard's size and checksum (unless verification is off, or done)."""
-        if not self.verify or self._key(path) in self._done:
+        identity = _identity(mapped.fileno())
+        if not self.verify or identity in self._done:
             return
-        marker = _marker(path, info)
-        if marker is not None and os.path.exists(marker):
-            return
+        marker = _marker_path(path)
+        record = _record(identity, info)
+        if marker is not None:
+            self._prune_once(os.path.dirname(marker))
+            if _read(marker) == record:
+                return
         check_bytes(mapped, path, info, where)
         if marker is not None:
-            try:
-                os.makedirs(os.path.dirname(marker), exist_ok=True)
-                with open(marker, "x"):
-                    pass
-            except OSError:  # not writable, or made meanwhile: the next process hashes again, or finds it
-                pass
+            _write_marker(marker, record, os.path.dirname(os.path.realpath(path)))
 
-    def structure(self, batches: list[pa.RecordBatch], path: str, info: ShardInfo, schema: Schema, where: str) -> None:
+    def structure(self, batches: list[pa.RecordBatch], mapped: pa.MemoryMappedFile, info: ShardInfo, schema: Schema,
+                  where: str) -> None:
         """Check a newly mapped shard's record batches (unless done); from here on it counts as checked."""
-        key = self._key(path)
+        key = _identity(mapped.fileno())
         if key in self._done:
             return
         check_batches(batches, info, schema, where)
         with self._lock:
             self._done.add(key)
 
-    @staticmethod
-    def _key(path: str) -> tuple[str, int, int, int]:
-        st = os.stat(path)
-        return path, st.st_ino, st.st_size, st.st_mtime_ns
+    def _prune_once(self, bucket: str) -> None:
+        with self._lock:
+            if bucket in self._pruned:
+                return
+            self._pruned.add(bucket)
+        prune_markers(bucket)
 
 
-def _marker(path: str, info: ShardInfo) -> str | None:
-    """The file that says this exact version of ``path`` matched ``info``'s checksum on this machine."""
+def _identity(fd: int) -> tuple[int, int, int, int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _record(identity: tuple[int, ...], info: ShardInfo) -> str:
+    return " ".join(map(str, identity)) + f" {info.checksum}"
+
+
+def _bucket_name(directory: str) -> str:
     import hashlib
 
+    return hashlib.blake2b(directory.encode("utf-8", "surrogateescape"), digest_size=12).hexdigest()
+
+
+def _marker_path(path: str) -> str | None:
+    """Where the marker of the shard file at ``path`` lives (None: chute has no cache directory)."""
     from chute._paths import default_cache_dir
 
     try:
-        st = os.stat(path)
-    except OSError:
+        real = os.path.realpath(path)
+        root = default_cache_dir()
+    except (OSError, RuntimeError):
         return None
-    key = f"{os.path.realpath(path)}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{info.checksum}"
-    return os.path.join(default_cache_dir(), "verified", hashlib.blake2b(key.encode(), digest_size=16).hexdigest())
+    directory, name = os.path.split(real)
+    return os.path.join(root, "verified", _bucket_name(directory), name)
 
 
-__all__ = ["ShardChecks", "check_batches", "check_bytes", "check_empty_shards", "check_file", "checksum_buffer"]
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(512)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_marker(marker: str, record: str, directory: str) -> None:
+    """Write the marker atomically (a reader never sees half a record); failures only cost a hash later."""
+    bucket = os.path.dirname(marker)
+    try:
+        os.makedirs(bucket, exist_ok=True)
+        source = os.path.join(bucket, ".dir")
+        if not os.path.exists(source):
+            _atomic_write(source, directory)
+        _atomic_write(marker, record)
+    except OSError:
+        pass
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def prune_markers(bucket: str) -> int:
+    """Remove the markers in ``bucket`` whose shard file is gone or changed, the oldest past
+    ``MAX_MARKERS``, and the buckets beside it whose dataset directory is gone; how many went."""
+    removed = 0
+    directory = _read(os.path.join(bucket, ".dir"))
+    try:
+        names = [n for n in os.listdir(bucket) if not n.startswith(".")]
+    except OSError:
+        names = []
+    live = []
+    for name in names:
+        marker = os.path.join(bucket, name)
+        if name.endswith(".tmp"):
+            continue
+        record = _read(marker)
+        try:
+            now = " ".join(map(str, _stat_identity(os.path.join(directory, name)))) if directory else None
+        except OSError:
+            now = None  # the shard file is gone
+        if now is None or record is None or record.rsplit(" ", 1)[0] != now:
+            removed += _unlink(marker)
+        else:
+            live.append(marker)
+    if len(live) > MAX_MARKERS:
+        live.sort(key=lambda m: os.stat(m).st_mtime_ns if os.path.exists(m) else 0)
+        for marker in live[: len(live) - MAX_MARKERS]:
+            removed += _unlink(marker)
+    verified = os.path.dirname(bucket)
+    try:
+        buckets = os.listdir(verified)
+    except OSError:
+        buckets = []
+    for other in buckets:
+        path = os.path.join(verified, other)
+        source = _read(os.path.join(path, ".dir"))
+        if source is not None and not os.path.isdir(source):
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.isfile(path):  # a marker of the earlier flat layout (one file per shard)
+            removed += _unlink(path)
+    return removed
+
+
+def _stat_identity(path: str) -> tuple[int, int, int, int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _unlink(path: str) -> int:
+    try:
+        os.unlink(path)
+        return 1
+    except OSError:
+        return 0
+
+
+__all__ = ["ShardChecks", "check_batches", "check_bytes", "check_empty_shards", "check_file", "checksum_buffer", "prune_markers"]

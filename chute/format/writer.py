@@ -27,21 +27,38 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
 
-import chute
 from chute._sizes import parse_size
+from chute._version import __version__
 from chute.errors import ChuteError, SchemaError, WriteError
 from chute.format.builders import make_builder
 from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest
 from chute.format.schema import ColumnType, Schema, check_keys, infer_schema
 
-if TYPE_CHECKING:
-    from chute.storage.upload import Upload
+
+class Upload(Protocol):
+    """Where finished shards and the manifest go when they do not stay in the build directory
+    (``chute.storage.upload.Upload``: a URL, or compressed shards); the writer only calls it."""
+
+    def previous(self) -> Manifest | None: ...
+    def put(self, path: str, info: ShardInfo) -> ShardInfo: ...
+    def commit(self, manifest_text: str, previous: Manifest | None, shards: Any) -> None: ...
+    def abort(self) -> None: ...
+
+
+class Target(NamedTuple):
+    """Where a :class:`Writer` writes: ``root`` is the local directory shards are built in (the
+    dataset directory itself, or a staging directory ``staging`` to remove when done, whose shards
+    ``upload`` puts at ``url``). Made by ``chute.storage.write.destination``."""
+
+    root: str
+    url: str
+    upload: Upload | None = None
+    staging: str | None = None
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
 DEFAULT_LOOKAHEAD = 64
@@ -161,38 +178,6 @@ class ShardWriter:
         self.shards.clear()
 
 
-def destination(path: str | os.PathLike, storage_options: Mapping[str, Any] | None, compression: str | None) -> tuple[str, str, Upload | None, str | None]:
-    """Where a dataset at ``path`` is written: ``(root, url, upload, staging)``.
-
-    ``root`` is the local directory shards are built in: the dataset directory
-    itself, or for a URL a new staging directory (``staging``, to remove when
-    done) whose shards ``upload`` puts at ``url``. A local dataset with
-    compressed shards also has an ``upload`` (to ``file://root``).
-    """
-    from chute.storage.remote import is_remote
-
-    text = os.fspath(path)
-    if is_remote(text):
-        from chute.storage.upload import Upload
-
-        if text.startswith(("http://", "https://")):
-            raise ChuteError(
-                f"cannot write to {text}: HTTP servers are read-only for chute; write the dataset to a "
-                "local directory or an object store and serve that"
-            )
-        url = text.rstrip("/")
-        upload = Upload(url, dict(storage_options or {}), compression)
-        staging = tempfile.mkdtemp(prefix="chute-write-")
-        return staging, url, upload, staging
-    root = os.path.abspath(local_path(text, "write to"))
-    upload = None
-    if compression is not None:
-        from chute.storage.upload import Upload
-
-        upload = Upload("file://" + root, None, compression)
-    return root, root, upload, None
-
-
 class Writer:
     """Writes samples (dicts of column name to value) into a chute dataset at ``path``.
 
@@ -206,6 +191,9 @@ class Writer:
     Without ``schema`` the column types are inferred from the first ``lookahead``
     samples (so a column whose shape varies within that window becomes ragged) and
     every later sample is checked against them.
+
+    This class writes to a local directory (or the ``target`` storage gives it);
+    ``chute.Writer`` (chute/storage/write.py) also takes a URL and compression.
     """
 
     def __init__(
@@ -219,10 +207,12 @@ class Writer:
         lookahead: int = DEFAULT_LOOKAHEAD,
         checksum: str = "xxh3_128",
         durable: bool = True,
-        compression: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
+        target: Target | None = None,
     ) -> None:
-        self.root, self.url, self.upload, self.staging = destination(path, storage_options, compression)
+        if target is None:
+            root = os.path.abspath(local_path(os.fspath(path), "write to"))
+            target = Target(root, root)
+        self.root, self.url, self.upload, self.staging = target
         self.shard_size = max(1, parse_size(shard_size))
         self.metadata = dict(metadata or {})
         self.lookahead = max(1, int(lookahead))
@@ -401,7 +391,7 @@ class Writer:
                 shards=tuple(self.shards),
                 metadata=self.metadata,
                 arrow_schema=self.schema.to_arrow(),
-                created_by=f"chute {chute.__version__}",
+                created_by=f"chute {__version__}",
             )
             text = manifest.dumps()
         except BaseException:
@@ -453,39 +443,3 @@ class Writer:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         self._unlock(remove=True)
-
-
-def write(
-    samples: Iterable[Mapping[str, Any]],
-    path: str | os.PathLike,
-    *,
-    schema: Schema | Mapping[str, ColumnType] | None = None,
-    shard_size: int | str = DEFAULT_SHARD_SIZE,
-    metadata: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-    lookahead: int = DEFAULT_LOOKAHEAD,
-    compression: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> chute.Dataset:
-    """Write ``samples`` (an iterable of dicts) as a chute dataset at ``path`` and open it.
-
-    Values may be numpy arrays, torch tensors, lists of numbers, bytes, str, numbers
-    and dicts with str keys. ``shard_size`` is the target size of one shard in bytes
-    (or a string such as ``"128MB"``). See :class:`Writer` for the schema rules and
-    what happens when writing fails.
-
-    ``path`` may be a URL (``s3://bucket/prefix``, any fsspec URL that can be
-    written; ``storage_options`` go to fsspec): shards are built locally, uploaded
-    as they are finished, and the manifest is uploaded last. ``compression="zstd"``
-    stores each shard compressed as a whole file; readers decompress it into
-    their cache.
-    """
-    with Writer(
-        path, schema=schema, shard_size=shard_size, metadata=metadata, overwrite=overwrite, lookahead=lookahead,
-        compression=compression, storage_options=storage_options,
-    ) as writer:
-        for sample in samples:
-            writer.append(sample)
-    from chute.storage.open import open_dataset
-
-    return open_dataset(writer.url, storage_options=storage_options)

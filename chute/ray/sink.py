@@ -32,7 +32,8 @@ import chute
 from chute.errors import ChuteError, SchemaError
 from chute.format.manifest import ShardInfo
 from chute.format.schema import ColumnType, Schema
-from chute.format.writer import DEFAULT_SHARD_SIZE, TMP_SUFFIX, ShardWriter, Writer, destination
+from chute.format.writer import DEFAULT_SHARD_SIZE, TMP_SUFFIX, ShardWriter
+from chute.storage.write import Writer, destination
 from chute.ray.columns import block_samples, chute_schema, plan_block_columns
 from chute._sizes import parse_size
 from chute.storage.remote import Remote, is_remote

@@ -20,7 +20,8 @@ import chute
 from chute.errors import SchemaError
 from chute.storage.open import open_dataset
 from chute.format.schema import ColumnType, Schema
-from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE, Writer
+from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE
+from chute.storage.write import Writer
 from chute.sources._progress import Progress
 
 __all__ = ["DEFAULT_SHARD_SIZE", "write_samples"]

@@ -62,6 +62,7 @@ from chute._paths import default_cache_dir
 from chute.errors import CacheFullError, ChuteError, ShardError
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
+from chute.storage.direct import DIRECT_HOLDS, DirectReads
 from chute.storage.remote import Cancelled, Remote, verify_file
 from chute.storage.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
 
@@ -70,9 +71,6 @@ log = logging.getLogger("chute")
 PART_SUFFIX = ".part"
 READ_LOCK = ".lock"  # held shared by readers of a shard, exclusive by its eviction
 DOWNLOAD_LOCK = ".download"  # held exclusive by the one process downloading a shard
-
-#: Shards a dataset keeps held for direct reads (``ds[i]`` outside a loader; see chute/format/reader.py).
-DIRECT_HOLDS = 2
 
 
 def _scan(cache_dir: str) -> tuple[int, list[tuple[str, str, int]]]:
@@ -188,6 +186,7 @@ class ShardCache:
             self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=direct)
         self._pid = os.getpid()
         self._inherited = False  # a forked child dropped its parent's holds (see _after_fork)
+        self.direct = DirectReads(self)  # the holds of direct reads (chute/storage/direct.py)
 
     def _after_fork(self) -> None:
         """In a process forked from the one that used this cache (a DataLoader worker): forget the
@@ -202,6 +201,7 @@ class ShardCache:
         self._cond = threading.Condition()
         self._pool = None
         self._inherited = True
+        self.direct = DirectReads(self)
         if self.sharing is not None:
             self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=self.sharing.direct_minimum)
 
@@ -226,6 +226,23 @@ class ShardCache:
     def held(self, i: int) -> int:
         """How many holds this process has on shard ``i``."""
         return self._refs.get(i, 0)
+
+    # the reader's direct reads (the ShardSource seam, chute.format.reader): see chute/storage/direct.py
+
+    def hold_for_read(self, i: int) -> contextlib.AbstractContextManager[str]:
+        """Shard ``i`` held while a direct read maps it; kept for a while after."""
+        self._after_fork()
+        return self.direct.hold(i)
+
+    def reading(self) -> contextlib.AbstractContextManager[None]:
+        """A direct batch read: the shards it maps stay held until it ends."""
+        self._after_fork()
+        return self.direct.reading()
+
+    def release_direct(self) -> None:
+        """Let go of the shards kept after direct reads."""
+        self._after_fork()
+        self.direct.release_all()
 
     def cached(self, i: int) -> bool:
         """Whether shard ``i`` is complete in the cache now (it may be evicted right after unless held)."""

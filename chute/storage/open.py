@@ -98,6 +98,11 @@ def open_dataset(
             raise ShardError(
                 f"dataset {root}: shard {info.file} is missing; the dataset is incomplete: write or download it again"
             ) from None
+        except OSError as exc:  # a name too long, a path through a file, no permission
+            raise ShardError(
+                f"dataset {root}: shard {info.file} cannot be read ({exc.strerror or exc}); the manifest is damaged "
+                "or the dataset's files are not readable: write or download it again"
+            ) from None
         if size != info.bytes:
             raise ShardError(
                 f"dataset {root}: shard {info.file} is {size} bytes but the manifest says {info.bytes}; "

@@ -413,15 +413,27 @@ class Sharing:
         return out
 
     def _check_job(self, others: dict[str, MemberState], minimum: int) -> None:
-        """Refuse to wait for a turn that cannot come: other ranks of the same job hold leases
-        that leave no room for this one's, and they will not finish their pass without it."""
+        """Refuse to wait for a turn that cannot come: other ranks of the same job, or other
+        datasets of this same process, hold leases that leave no room for this one's, and they
+        will not let go without it (ranks wait for each other in collectives; a process that
+        reads two loaders together waits for itself)."""
+        if not minimum:
+            return
         peers = [s for s in others.values() if self._job and s.job == self._job and not s.waiting]
-        if minimum and peers and sum(s.minimum for s in peers) + minimum > self.limit:
+        if peers and sum(s.minimum for s in peers) + minimum > self.limit:
             need = sum(s.minimum for s in peers) + minimum
             raise CacheFullError(
                 f"cache_limit {self.limit:,} bytes of {self.cache_dir} is too small for the {len(peers) + 1} processes "
                 f"on this node that read the same pass (the ranks of one job): each holds its own {minimum:,} bytes "
                 f"at once; raise cache_limit to at least {need:,} bytes"
+            )
+        mine = f"{os.getpid()}-"
+        kept = sum(min(s.lease, s.minimum) for name, s in others.items() if name.startswith(mine) and not s.waiting)
+        if kept and kept + minimum > self.limit:
+            raise CacheFullError(
+                f"cache_limit {self.limit:,} bytes of {self.cache_dir} is too small for the datasets this process "
+                f"reads through it at once: another of them keeps {kept:,} bytes while this loader needs {minimum:,}; "
+                f"raise cache_limit to at least {kept + minimum:,} bytes, or close the other dataset (or its loader) first"
             )
 
     def _publish(self) -> None:

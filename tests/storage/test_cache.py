@@ -297,3 +297,36 @@ def test_a_step_waits_for_its_own_use_of_a_shard_not_an_earlier_one(http_server,
     finally:
         fetcher.close()
     assert chute_threads() == []
+
+
+@pytest.mark.parametrize("outside", [1, 3])
+def test_a_fetcher_with_holds_outside_its_lease_finishes_its_epoch(http_server, served, tmp_path, outside):
+    """Another holder keeps ``outside`` shards in the cache outside any lease (as the progressive
+    mode's snapshots or a loader's worker processes do), and the limit leaves the loader exactly
+    its minimum beside them. Alone, its lease is the whole limit, so its read-ahead can fill the
+    room its next shard needs: the download that finds the cache full must get the room back from
+    the read-ahead (later uses wait, shards no task asked for go back) instead of waiting for it
+    forever (two hangs of this kind were seen, each in a multi-process run only)."""
+    from chute.storage.cache import ShardCache
+
+    cache_dir = str(tmp_path / "cache")
+    probe = chute.open(served, cache_dir=str(tmp_path / "probe"), cache_limit=30_000)
+    with pytest.raises(chute.CacheFullError) as info:
+        loader(probe)
+    minimum = _minimum(str(info.value))
+    ds = chute.open(served, cache_dir=cache_dir, cache_limit=1 << 40)
+    held = list(range(len(ds.shards) - outside, len(ds.shards)))  # read late in the epoch's order or early: any
+    other = ShardCache(ds.cache.remote, ds.manifest, cache_dir, 1 << 40, share=False)
+    for i in held:
+        other.acquire(i)
+    limit = minimum + sum(ds.shards[i].bytes for i in held)
+    ds = chute.open(served, cache_dir=cache_dir, cache_limit=limit)
+    try:
+        got = epoch_columns(loader(ds, watchdog=chute.Watchdog(60, on_stall="raise")))
+        assert all(os.path.exists(other.path(i)) for i in held)  # never evicted while held
+    finally:
+        other.close()
+    assert_same_epoch(got, local_epochs(str(http_server.root / "ds"), 1)[0])
+    assert ds.cache.stats()["high_water"] <= limit
+    assert part_files(cache_dir) == []
+    assert chute_threads() == []

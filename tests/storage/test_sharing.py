@@ -276,3 +276,42 @@ def test_turns_first_come_first_served_and_ranks_of_one_job_fail_instead_of_wait
     other.detach(other)
     assert os.listdir(os.path.join(cache_dir, ".chute-members")) == []
     assert chute_threads() == []
+
+
+def test_two_datasets_of_one_process_read_together_fail_instead_of_waiting_for_each_other(http_server, dataset, tmp_path):
+    """``zip(loader_a, loader_b)`` over one cache that holds one loader's minimum: b's turn would
+    come only when a's pass ends, and a's pass waits for b in the same loop. The second loader
+    says the limit both need instead of hanging."""
+    import shutil
+
+    shutil.copytree(dataset, http_server.root / "ds")
+    url = http_server.url + "ds"
+    minima = []
+    for batch in (32, 40):  # unshuffled, a pass needs exactly the minimum it states; two passes (jobs)
+        with pytest.raises(chute.CacheFullError) as info:
+            loader(chute.open(url, cache_dir=str(tmp_path / "probe"), cache_limit=30_000), batch, shuffle=False)
+        minima.append(int(re.search(r"at least ([\d,]+) bytes", str(info.value)).group(1).replace(",", "")))
+    limit = max(minima)  # either fits alone, not both
+    cache_dir = str(tmp_path / "shared-cache")
+    a = loader(chute.open(url, cache_dir=cache_dir, cache_limit=limit), 32, shuffle=False)
+    b = loader(chute.open(url, cache_dir=cache_dir, cache_limit=limit), 40, shuffle=False)
+    first = iter(a)
+    next(first)  # a's pass holds its lease
+    outcome: list = []
+
+    def second() -> None:
+        try:
+            next(iter(b))
+            outcome.append("a batch")
+        except chute.CacheFullError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=second, name="test-second-loader", daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the second loader waited for a turn its own process holds"
+    assert isinstance(outcome[0], chute.CacheFullError), outcome
+    assert "datasets this process reads" in str(outcome[0]) and f"at least {sum(minima):,} bytes" in str(outcome[0])
+    a.close()
+    b.close()
+    assert chute_threads() == []

@@ -1,0 +1,127 @@
+"""Checksum markers (``<chute cache dir>/verified/``) hold after the first read.
+
+A marker says "this exact file matched its checksum": keyed by device, inode,
+size, mtime and ctime of the descriptor the reader maps, and hashed by reading
+that descriptor. Changing a shard in any way a program can (in place with its
+mtime restored, deleted and restored from a damaged copy with its times kept)
+makes the next process hash it again; markers of files that are gone do not
+pile up; a file swapped between the mapping and the hash is caught.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import chute
+from chute.format import validate
+
+
+def _samples(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        yield {"x": rng.standard_normal(16).astype(np.float32), "y": i}
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    path = tmp_path / "chute-cache"
+    monkeypatch.setenv("CHUTE_CACHE_DIR", str(path))
+    return path
+
+
+def _markers(cache_dir) -> list[str]:
+    root = cache_dir / "verified"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def _read_in_another_process(root) -> str:
+    """A new process (no in-process memory of checks) reads every row; its error or "ok"."""
+    code = ("import chute, sys\nds = chute.open(sys.argv[1])\n"
+            "try:\n    ds.get_batch(list(range(len(ds))))\n    print('ok')\n"
+            "except chute.ShardError as exc:\n    print('ShardError', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x5A]))
+
+
+def test_a_byte_flipped_in_place_with_its_mtime_restored_is_caught(tmp_path, cache_dir):
+    ds = chute.write(_samples(), tmp_path / "ds", shard_size=600)
+    assert _read_in_another_process(ds.root) == "ok"  # hashed once: markers written
+    assert _markers(cache_dir)
+    info = ds.shards[0]
+    path = os.path.join(ds.root, info.file)
+    st = os.stat(path)
+    _flip(path, info.bytes // 2)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same inode, size and mtime
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns and os.stat(path).st_ino == st.st_ino
+    out = _read_in_another_process(ds.root)
+    assert out.startswith("ShardError") and info.file in out and "checksum" in out
+
+
+def test_a_shard_deleted_and_restored_from_a_damaged_copy_with_its_times_kept_is_caught(tmp_path, cache_dir):
+    ds = chute.write(_samples(), tmp_path / "ds", shard_size=600)
+    assert _read_in_another_process(ds.root) == "ok"
+    info = ds.shards[1]
+    path = os.path.join(ds.root, info.file)
+    backup = tmp_path / "backup.arrow"
+    shutil.copy2(path, backup)
+    _flip(backup, info.bytes // 3)  # the backup decayed
+    shutil.copystat(path, backup)
+    os.unlink(path)
+    shutil.copy2(backup, path)  # `cp -p`: mtime kept (and often the freed inode reused)
+    assert os.stat(path).st_mtime_ns == os.stat(backup).st_mtime_ns
+    out = _read_in_another_process(ds.root)
+    assert out.startswith("ShardError") and info.file in out and "checksum" in out
+
+
+def test_markers_of_rewritten_datasets_do_not_pile_up(tmp_path, cache_dir):
+    root = tmp_path / "ds"
+    for k in range(10):
+        ds = chute.write(_samples(seed=k), root, shard_size=600, overwrite=True)
+        shards = len(ds.shards)
+        assert shards >= 3
+        ds.get_batch(list(range(len(ds))))  # verified: one marker per shard
+        ds.close()
+    assert 0 < len(_markers(cache_dir)) <= shards, _markers(cache_dir)  # 10 writes: the last one's markers only
+    shutil.rmtree(root)  # the dataset is gone: so are its markers, at the next look into verified/
+    other = chute.write(_samples(), tmp_path / "other", shard_size=600)
+    other.get_batch([0])
+    assert len(_markers(cache_dir)) == 1
+
+
+def test_the_hash_covers_the_bytes_the_reader_maps_not_what_the_path_names_later(tmp_path, cache_dir):
+    ds = chute.write(_samples(), tmp_path / "ds", shard_size=600)
+    info = ds.shards[0]
+    path = os.path.join(ds.root, info.file)
+    damaged = tmp_path / "damaged.arrow"
+    shutil.copy2(path, damaged)
+    _flip(damaged, info.bytes // 2)
+    good = tmp_path / "good.arrow"
+    shutil.copy2(path, good)
+    os.replace(damaged, path)
+    mapped = pa.memory_map(path, "r")  # the reader maps the damaged file ...
+    os.replace(good, path)  # ... and the path names the good one when the hash runs
+    checks = validate.ShardChecks(verify=True)
+    with pytest.raises(chute.ShardError, match="checksum"):
+        checks.bytes(mapped, path, info, "test")
+    mapped.close()
+    again = pa.memory_map(path, "r")  # the good file mapped: it passes, and its marker is the good file's
+    checks.bytes(again, path, info, "test")
+    again.close()
+    assert _read_in_another_process(ds.root) == "ok"
