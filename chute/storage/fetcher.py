@@ -377,7 +377,7 @@ class Fetcher:
             self._held.clear()
             self._started.clear()
             self._cond.notify_all()
-        self._cancel.set()  # downloads in flight end within their current request; none starts
+        self.cache.remote.cancel(self._cancel)  # downloads in flight end now (streamed ones) or within their request
         if self.cache.sharing is not None:
             self.cache.sharing.wake()  # a thread waiting for its turn sees the cancel
         for shard in release:
