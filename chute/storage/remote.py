@@ -44,7 +44,7 @@ T = TypeVar("T")
 #: The size of a byte range, and the largest object fetched in one GET (larger ones: parallel ranges).
 #: Measured with benchmarks/remote.py (docs/remote.md, "Performance").
 PART_SIZE = 16 << 20
-WHOLE_MAX = 64 << 20
+WHOLE_MAX = 128 << 20
 
 #: Protocols fsspec serves from this machine's own file system.
 LOCAL_PROTOCOLS = ("file", "local")
