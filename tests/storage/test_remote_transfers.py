@@ -176,15 +176,15 @@ def test_a_trickling_s3_object_fails_at_the_floor_speed(on_s3, s3_proxy, tmp_pat
         chute.open(url, cache_dir=tmp_path / "cache", storage_options=options, retries=2, min_speed=1000, min_speed_window=2)
     assert f"{url}/manifest.json failed after 2 attempts" in str(info.value)
     assert "floor speed" in str(info.value)
-    assert s3_proxy.count("manifest.json") == 2, s3_proxy.requests
+    # the proxy logs a request once moto has answered it, which may be after the client gave up on it
+    assert 1 <= s3_proxy.count("manifest.json") <= 2
 
 
 def test_no_floor_with_min_speed_zero(http_server, served, tmp_path):
+    http_server.trickle("manifest.json", interval=0.0005, times=1)  # slow, but it ends
     ds = chute.open(served, cache_dir=tmp_path / "cache", min_speed=0, min_speed_window=0.01)
-    http_server.trickle(ds.shards[0].file, interval=0.0005, times=1)  # slow, but it ends
     assert ds.cache.remote.retry.floor.active is False
-    epoch_columns(loader(ds))
-    assert shard_gets(http_server)[ds.shards[0].file] == 1
+    assert http_server.count("manifest.json") == 1
 
 
 def test_an_outage_error_names_the_retry_setting(http_server, served, tmp_path):
