@@ -206,6 +206,9 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
     else:
         proc = MotoS3Server().start()
         os.environ.update(s3_client_env(proc.endpoint_url))
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()  # a file system made for an earlier server would be reused
         proc.create_bucket("bench")
         url = "s3://bench/ds"
         import fsspec.core
@@ -266,10 +269,14 @@ def main() -> None:
                 sys.stdout.flush()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if args.json:
+    if args.json:  # rows of this run replace those with the same label (a rerun of one server keeps the others)
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        rows = []
+        if os.path.exists(args.json):
+            with open(args.json) as f:
+                rows = [r for r in json.load(f) if r["label"] not in {o["label"] for o in out}]
         with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(rows + out, f, indent=1)
         print(f"wrote {args.json}")
 
 
