@@ -195,3 +195,27 @@ def test_an_outage_error_names_the_retry_setting(http_server, served, tmp_path):
     message = str(info.value)
     assert "failed after 2 attempts" in message
     assert "chute.open(..., retries=N) (now 2 attempts" in message
+
+
+# ---------------------------------------------------------------------------
+# Eviction: a shard this pass reads no more ranks by its first use in the next epoch
+# ---------------------------------------------------------------------------
+
+
+def test_next_use_ranks_a_finished_shard_by_its_use_in_the_next_epoch(http_server, served, tmp_path):
+    from chute.storage.fetcher import Fetcher
+
+    ds = chute.open(served, cache_dir=tmp_path / "cache")
+    uses = [(0, 1, 0), (2, 3, 1)]  # this pass: shard 0 at steps 0-1, shard 1 at steps 2-3
+    then = [(0, 0, 1), (1, 2, 2)]  # the next epoch: shard 1 first, then shard 2; shard 3 never
+    fetcher = Fetcher(ds.cache, uses, threads=1, then=then)
+    try:
+        assert [fetcher.next_use(s) for s in range(4)] == [0, 2, 4 + 1, float("inf")]
+        fetcher.received(1)  # the consumer is past shard 0's last use
+        assert fetcher.next_use(0) == float("inf")  # not read in the next epoch either: evicted first
+        fetcher.received(3)
+        assert fetcher.next_use(1) == 4 + 0  # read first in the next epoch: kept longest
+    finally:
+        fetcher.close()
+        ds.close()
+    assert chute_threads() == []
