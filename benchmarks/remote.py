@@ -241,6 +241,17 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
         proc.stop()
 
 
+def save(path: str, out: list[dict]) -> None:
+    """Write ``out``; rows of earlier runs with other labels are kept (a rerun of one server keeps the others)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            rows = [r for r in json.load(f) if r["label"] not in {o["label"] for o in out}]
+    with open(path, "w") as f:
+        json.dump(rows + out, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=os.environ.get("CHUTE_BENCH_DATA", os.path.join(tempfile.gettempdir(), "chute-bench")))
@@ -267,17 +278,10 @@ def main() -> None:
                 print(f"  second epoch: downloaded {row['second_downloaded']:.2f}x the dataset (bound {row['second_bound']}); "
                       f"simulated LRU {row['sim_lru_second']:.2f}x, next use {row['sim_next_use_second']:.2f}x, Belady {row['sim_belady_second']:.2f}x")
                 sys.stdout.flush()
+                if args.json:
+                    save(args.json, out)  # after each row: a run cut short keeps what it measured
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if args.json:  # rows of this run replace those with the same label (a rerun of one server keeps the others)
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        rows = []
-        if os.path.exists(args.json):
-            with open(args.json) as f:
-                rows = [r for r in json.load(f) if r["label"] not in {o["label"] for o in out}]
-        with open(args.json, "w") as f:
-            json.dump(rows + out, f, indent=1)
-        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
