@@ -68,6 +68,8 @@ def test_http_epoch_makes_one_get_per_shard_and_downloads_on_chute_threads(http_
     assert sorted(gets) == sorted(s.file for s in ds.shards)
     assert set(gets.values()) == {1}  # whole-object GETs: one request per shard
     assert http_server.count(method="HEAD") == 0
+    manifest = (http_server.root / "ds" / "manifest.json").stat().st_size
+    assert http_server.bytes_sent == manifest + sum(s.bytes for s in ds.shards)  # the epoch downloaded 1.00x
     assert names and all(n.startswith("chute-") for n in names), names  # never the loop's thread
 
 
