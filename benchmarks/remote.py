@@ -1,25 +1,36 @@
-"""Remote datasets: cold and warm epochs through the node cache, against local servers.
+"""Remote epochs through the node cache against the server's ceiling, and what later epochs download.
 
-    python benchmarks/remote.py [--data DIR] [--runs 3] [--workloads w3,w2] [--servers http,s3]
+    python benchmarks/remote.py [--size-mb 1024] [--shards-mb 8,64] [--servers http,s3] [--runs 5]
+                                [--json benchmarks/results/remote.json]
 
-For each workload (W3: 2,000 x 1 MiB float32; W2: 200,000 x uint8[3,32,32]) and each
-server (a real HTTP server and moto's standalone S3 server, each in its own process
-on 127.0.0.1), it measures:
+A dataset of ``--size-mb`` of 1 MiB uint8 rows is written with shards of each
+``--shards-mb`` and served by a real HTTP server and by moto's standalone S3
+server, each in its own process on 127.0.0.1 (``python -m tests.servers``). For
+each server and shard size, every run measures, in the same process:
 
-* a plain parallel download of every shard with fsspec (8 threads): the server's limit;
-* the Loader's cold epoch (empty cache): time to first batch, MB/s, bytes downloaded;
-* the warm epoch (every shard cached) and the same Loader over the local copy;
-* a cold and a second epoch with cache_limit = 25% of the dataset: bytes downloaded
-  per epoch and the largest number of downloads of one shard in an epoch.
+* the ceiling: every shard downloaded once, 8 at a time, with the best client
+  found (fsspec ``cat_file`` threads; for S3 also boto3 ``get_object``): the
+  fastest of them is the ceiling;
+* chute's cold epoch through an empty node cache limited to 25% of the dataset
+  (the largest shuffle window of at most 4 shards that fits): MB/s delivered to the
+  loop, the ratio to the ceiling, time to the first batch (``iter`` to batch 0)
+  and to open, GET requests per shard;
+* the second epoch: bytes downloaded / dataset (the bound is 1 - 0.25 + 0.05);
+* the same two epochs simulated on the shard-use sequence of ``Order.shard_uses``
+  with LRU, chute's next-use eviction (next use within the running epoch) and
+  Belady's bound (the whole future known).
 
-Medians of ``--runs`` runs. Prints ratios: cold / plain download (goal >= 0.8),
-warm / local (goal within 10%).
+Medians of ``--runs`` runs; rows written as JSON (a flat list, one row per
+server and shard size, each with a "label").
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
+import json
+import math
 import os
 import shutil
 import statistics
@@ -28,12 +39,115 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+import numpy as np  # noqa: E402
+
 import chute  # noqa: E402
-from _data import SHAPES, array_dataset  # noqa: E402
+from chute.order import Order  # noqa: E402
 from tests.servers import HTTPServerProcess, MotoS3Server, s3_client_env  # noqa: E402
+
+ROW = 1 << 20
+BATCH = 16
+FRACTION = 0.25
+
+
+def make_dataset(root: str, size_mb: int, shard_mb: int) -> chute.Dataset:
+    path = os.path.join(root, f"rows{size_mb}-shard{shard_mb}")
+    if not os.path.exists(os.path.join(path, "manifest.json")):
+        rng = np.random.default_rng(0)
+        block = rng.integers(0, 256, (64, ROW), dtype=np.uint8)
+        samples = ({"x": np.roll(block[i % 64], i)} for i in range(size_mb))
+        chute.write(samples, path, shard_size=f"{shard_mb}MiB", overwrite=True)
+    return chute.open(path)
+
+
+# ---------------------------------------------------------------------------- the ceiling
+
+
+def ceiling_fsspec(url: str, names: list[str], threads: int = 8) -> float:
+    """Seconds to GET every object once with fsspec ``cat_file``, ``threads`` at a time."""
+    import fsspec.core
+
+    fs, base = fsspec.core.url_to_fs(url)
+    prefix = url.rstrip("/") if url.startswith("http") else base.rstrip("/")
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for data in pool.map(lambda n: fs.cat_file(f"{prefix}/{n}"), names):
+            del data
+    return time.perf_counter() - start
+
+
+def ceiling_boto3(endpoint: str, bucket: str, prefix: str, names: list[str], threads: int = 8) -> float:
+    """Seconds to GET every object once with boto3 ``get_object``, ``threads`` at a time."""
+    import boto3
+    import botocore.config
+
+    client = boto3.client("s3", endpoint_url=endpoint, config=botocore.config.Config(max_pool_connections=threads))
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for data in pool.map(lambda n: client.get_object(Bucket=bucket, Key=f"{prefix}/{n}")["Body"].read(), names):
+            del data
+    return time.perf_counter() - start
+
+
+def ceiling_chute(url: str, names: list[str], sizes: list[int], work: str, threads: int = 8) -> float:
+    """Seconds for chute's own downloads (Remote.download) of every object, ``threads`` at a time."""
+    from chute.storage.remote import Remote
+
+    remote = Remote(url)
+    os.makedirs(work, exist_ok=True)
+
+    def one(k: int) -> None:
+        dest = os.path.join(work, f"{k}.part")
+        with open(dest, "wb") as f:
+            f.truncate(sizes[k])
+        remote.download(names[k], dest, sizes[k])
+        os.unlink(dest)
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(len(names))))
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------- eviction, simulated
+
+
+def simulate(order: Order, capacity: int, epochs: int = 2) -> dict[str, list[int]]:
+    """Shards downloaded per epoch with LRU, next use within the epoch, and Belady (whole future),
+    for a cache of ``capacity`` equal shards that must hold what each step reads."""
+    per_epoch = [order.shard_uses(e) for e in range(epochs)]
+    sequence = [(e, first, last, shard) for e, uses in enumerate(per_epoch) for first, last, shard in uses]
+    out = {}
+    for policy in ("lru", "next_use", "belady"):
+        cached: dict[int, float] = {}  # shard -> LRU stamp
+        held: dict[int, int] = {}  # shard -> last step (in its epoch) it is held to
+        misses = [0] * epochs
+        for k, (e, first, last, shard) in enumerate(sequence):
+            for s in [s for s, (ep, until) in list(held.items()) if (ep, until) < (e, first)]:
+                del held[s]
+            if shard not in cached:
+                misses[e] += 1
+                if len(cached) >= capacity:
+                    free = [s for s in cached if s not in held]
+                    if policy == "lru":
+                        victim = min(free, key=lambda s: cached[s])
+                    else:
+                        def next_at(s: int) -> float:
+                            for j in range(k + 1, len(sequence)):
+                                if sequence[j][3] == s:
+                                    return math.inf if policy == "next_use" and sequence[j][0] != e else j
+                            return math.inf
+                        victim = max(free, key=next_at)
+                    del cached[victim]
+            cached[shard] = k
+            held[shard] = (e, last)
+        out[policy] = misses
+    return out
+
+
+# ---------------------------------------------------------------------------- one run
 
 
 def epoch(loader: chute.Loader) -> tuple[float, float, int]:
@@ -44,108 +158,130 @@ def epoch(loader: chute.Loader) -> tuple[float, float, int]:
     for batch in loader:
         if first is None:
             first = time.perf_counter() - start
-        nbytes += batch["x"].numel() * batch["x"].element_size()
+        nbytes += batch["x"].numel()
     return first or 0.0, time.perf_counter() - start, nbytes
 
 
-def plain_download(url: str, names: list[str], storage_options: dict, threads: int = 8) -> float:
-    """Seconds to download every shard once with fsspec, ``threads`` at a time."""
-    import fsspec.core
-
-    fs, base = fsspec.core.url_to_fs(url, **storage_options)
-    prefix = url.rstrip("/") if url.startswith("http") else base.rstrip("/")
+def cold_and_second(url: str, size: int, shards: int, cache: str) -> dict[str, float]:
+    shutil.rmtree(cache, ignore_errors=True)
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        for data in pool.map(lambda n: fs.cat_file(f"{prefix}/{n}"), names):
-            del data
-    return time.perf_counter() - start
-
-
-def run(workload: str, server: str, data_dir: str, runs: int) -> None:
-    local, _ = array_dataset(workload, data_dir)
-    size = local.nbytes
-    batch = SHAPES[workload]["batch"]
-    names = [s.file for s in local.shards]
-    work = tempfile.mkdtemp(prefix="chute-remote-bench-")
-    try:
-        if server == "http":
-            www = os.path.join(work, "www")
-            os.makedirs(www)
-            shutil.copytree(local.root, os.path.join(www, "ds"), copy_function=os.link)  # hard links: no copy
-            proc = HTTPServerProcess(www).start()
-            url, options = proc.url.rstrip("/") + "/ds", {}
-        else:
-            proc = MotoS3Server().start()
-            os.environ.update(s3_client_env(proc.endpoint_url))
-            bucket = proc.create_bucket("bench")
-            url, options = bucket + "/ds", {}
-            import fsspec.core
-
-            fs, base = fsspec.core.url_to_fs(url)
-            fs.put(local.root.rstrip("/") + "/", base, recursive=True)
+    ds = chute.open(url, cache_dir=cache, cache_limit=int(size * FRACTION))
+    opened = time.perf_counter() - start
+    for window in (4, 2, 1):
         try:
-            rows = {k: [] for k in ("plain", "ttfb", "cold", "warm", "local", "limited1", "limited2")}
-            dl = {}
-            for _ in range(runs):
-                rows["plain"].append(size / plain_download(url, names, options) / 1e6)
-                cache = os.path.join(work, "cache")
-                shutil.rmtree(cache, ignore_errors=True)
-                ds = chute.open(url, cache_dir=cache, storage_options=options)
-                loader = chute.Loader(ds, batch, shuffle=True, seed=0, workers=2)
-                first, seconds, nbytes = epoch(loader)
-                rows["ttfb"].append(first * 1e3)
-                rows["cold"].append(nbytes / seconds / 1e6)
-                dl["cold"] = ds.cache.stats()["bytes_downloaded"]
-                _, seconds, nbytes = epoch(loader)
-                rows["warm"].append(nbytes / seconds / 1e6)
-                dl["warm"] = ds.cache.stats()["bytes_downloaded"] - dl["cold"]
-                _, seconds, nbytes = epoch(chute.Loader(local, batch, shuffle=True, seed=0, workers=2))
-                rows["local"].append(nbytes / seconds / 1e6)
-                ds.close()
-                # a cache of 25% of the dataset
-                shutil.rmtree(cache, ignore_errors=True)
-                limited = chute.open(url, cache_dir=cache, cache_limit=max(size // 4, 1), storage_options=options)
-                try:
-                    loader = chute.Loader(limited, batch, shuffle=chute.Shuffle(window=1), seed=0, workers=2)
-                except chute.CacheFullError as exc:  # too few shards for 25% to hold two windows
-                    print(f"  cache 25%: {exc}")
-                    rows["limited1"].append(0.0)
-                    rows["limited2"].append(0.0)
-                    dl["limited1"] = dl["limited2"] = 0
-                    continue
-                for key in ("limited1", "limited2"):
-                    done = limited.cache.stats()["bytes_downloaded"]
-                    _, seconds, nbytes = epoch(loader)
-                    rows[key].append(nbytes / seconds / 1e6)
-                    dl[key] = limited.cache.stats()["bytes_downloaded"] - done
-                limited.close()
-            med = {k: statistics.median(v) for k, v in rows.items()}
-            print(f"{workload} over {server}: {len(names)} shards, {size / 1e6:,.0f} MB, batch {batch}, {runs} run(s), medians")
-            print(f"  plain parallel download (8 threads) {med['plain']:8,.0f} MB/s")
-            print(f"  cold epoch                          {med['cold']:8,.0f} MB/s  = {med['cold'] / med['plain']:.2f}x plain download"
-                  f"  first batch {med['ttfb']:.0f} ms  downloaded {dl['cold'] / size:.2f}x the dataset")
-            print(f"  warm epoch                          {med['warm']:8,.0f} MB/s  = {med['warm'] / med['local']:.2f}x local disk"
-                  f" ({med['local']:,.0f} MB/s)  downloaded {dl['warm'] / size:.2f}x")
-            print(f"  cache 25%, window 1: ep 1           {med['limited1']:8,.0f} MB/s  downloaded {dl['limited1'] / size:.2f}x the dataset")
-            print(f"                      ep 2           {med['limited2']:8,.0f} MB/s  downloaded {dl['limited2'] / size:.2f}x the dataset")
-            sys.stdout.flush()
-        finally:
-            proc.stop()
+            loader = chute.Loader(ds, BATCH, shuffle=chute.Shuffle(window=window), seed=0)
+            break
+        except chute.CacheFullError:
+            continue
+    else:
+        raise SystemExit(f"a cache of {FRACTION:.0%} of {size:,} bytes cannot hold two windows of one shard: use a larger --size-mb")
+    requests0 = ds.cache.remote.requests
+    first, seconds, nbytes = epoch(loader)
+    stats1 = ds.cache.stats()
+    requests1 = ds.cache.remote.requests - requests0
+    _, seconds2, _ = epoch(loader)
+    stats2 = ds.cache.stats()
+    loader.close()
+    ds.close()
+    ds.cache.close()
+    return {"open_ms": opened * 1e3, "ttfb_ms": first * 1e3, "cold_MBps": nbytes / seconds / 1e6,
+            "second_MBps": nbytes / seconds2 / 1e6, "window": window,
+            "requests_per_shard": requests1 / shards,
+            "cold_downloaded": stats1["bytes_downloaded"] / size,
+            "second_downloaded": (stats2["bytes_downloaded"] - stats1["bytes_downloaded"]) / size}
+
+
+def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> dict:
+    local = make_dataset(args.data, args.size_mb, shard_mb)
+    size = local.nbytes
+    names = [s.file for s in local.shards]
+    sizes = [s.bytes for s in local.shards]
+    if server == "http":
+        www = os.path.join(work, "www")
+        shutil.rmtree(www, ignore_errors=True)
+        os.makedirs(www)
+        shutil.copytree(local.root, os.path.join(www, "ds"), copy_function=os.link)
+        proc = HTTPServerProcess(www).start()
+        url = proc.url.rstrip("/") + "/ds"
+    else:
+        proc = MotoS3Server().start()
+        os.environ.update(s3_client_env(proc.endpoint_url))
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()  # a file system made for an earlier server would be reused
+        proc.create_bucket("bench")
+        url = "s3://bench/ds"
+        import fsspec.core
+
+        fs, base = fsspec.core.url_to_fs(url)
+        fs.put(local.root.rstrip("/") + "/", base, recursive=True)
+    try:
+        rows = collections.defaultdict(list)
+        for _ in range(args.runs):
+            clients = {"fsspec": size / ceiling_fsspec(url, names) / 1e6}
+            if server == "s3":
+                clients["boto3"] = size / ceiling_boto3(proc.endpoint_url, "bench", "ds", names) / 1e6
+            for client, rate in clients.items():
+                rows[f"ceiling_{client}_MBps"].append(rate)
+            rows["ceiling_MBps"].append(max(clients.values()))
+            rows["chute_download_MBps"].append(size / ceiling_chute(url, names, sizes, os.path.join(work, "dl")) / 1e6)
+            for key, value in cold_and_second(url, size, len(names), os.path.join(work, "cache")).items():
+                rows[key].append(value)
+            rows["ratio"].append(rows["cold_MBps"][-1] / rows["ceiling_MBps"][-1])
+        row = {"label": f"{server}, {shard_mb} MB shards", "server": server, "shard_MB": shard_mb,
+               "dataset_MB": round(size / 1e6), "shards": len(names), "runs": args.runs, "cache_fraction": FRACTION,
+               "second_bound": round(1 - FRACTION + 0.05, 2)}
+        row.update({k: round(statistics.median(v), 3) for k, v in rows.items()})
+        capacity = int(size * FRACTION) // max(sizes)
+        order = Order(tuple(s.rows for s in local.shards), BATCH, shuffle=True, seed=0, window=int(row["window"]))
+        for policy, misses in simulate(order, capacity).items():
+            row[f"sim_{policy}_second"] = round(misses[1] / len(names), 3)
+        return row
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        proc.stop()
+
+
+def save(path: str, out: list[dict]) -> None:
+    """Write ``out``; rows of earlier runs with other labels are kept (a rerun of one server keeps the others)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            rows = [r for r in json.load(f) if r["label"] not in {o["label"] for o in out}]
+    with open(path, "w") as f:
+        json.dump(rows + out, f, indent=1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=os.environ.get("CHUTE_BENCH_DATA", os.path.join(tempfile.gettempdir(), "chute-bench")))
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workloads", default="w3,w2")
+    parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--shards-mb", default="8,64")
     parser.add_argument("--servers", default="http,s3")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", default=os.path.join(HERE, "results", "remote.json"))
     args = parser.parse_args()
     os.makedirs(args.data, exist_ok=True)
-    for workload in args.workloads.split(","):
+    out = []
+    work = tempfile.mkdtemp(prefix="chute-remote-bench-")
+    try:
         for server in args.servers.split(","):
-            run(workload, server, args.data, args.runs)
+            for shard_mb in (int(s) for s in args.shards_mb.split(",")):
+                row = bench(server, shard_mb, args, work)
+                out.append(row)
+                print(f"{row['label']}: {row['dataset_MB']} MB in {row['shards']} shards, medians of {row['runs']}")
+                print(f"  ceiling {row['ceiling_MBps']:,.0f} MB/s ({', '.join(f'{k[8:-5]} {v:,.0f}' for k, v in row.items() if k.startswith('ceiling_') and k != 'ceiling_MBps')})"
+                      f"; chute's downloads alone {row['chute_download_MBps']:,.0f} MB/s")
+                print(f"  cold epoch, cache {FRACTION:.0%} (window {row['window']:.0f}): {row['cold_MBps']:,.0f} MB/s = {row['ratio']:.2f}x the ceiling; "
+                      f"first batch {row['ttfb_ms']:.0f} ms (open {row['open_ms']:.0f} ms); {row['requests_per_shard']:.2f} GETs per shard; "
+                      f"downloaded {row['cold_downloaded']:.2f}x")
+                print(f"  second epoch: downloaded {row['second_downloaded']:.2f}x the dataset (bound {row['second_bound']}); "
+                      f"simulated LRU {row['sim_lru_second']:.2f}x, next use {row['sim_next_use_second']:.2f}x, Belady {row['sim_belady_second']:.2f}x")
+                sys.stdout.flush()
+                if args.json:
+                    save(args.json, out)  # after each row: a run cut short keeps what it measured
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def s3_client_env(endpoint_url: str) -> dict[str, str]:
 class _Fault:
     """One fault rule. ``fires`` is called under the owning ``Faults`` lock."""
 
-    action: str  # "status", "truncate", "corrupt", "hang"
+    action: str  # "status", "truncate", "corrupt", "hang", "trickle"
     pattern: re.Pattern[str] | None = None
     method: str | None = None
     status: int = 500
@@ -136,6 +136,7 @@ class _Fault:
     rng: random.Random | None = None
     times: int | None = None  # firings left; None: unlimited
     retry_after: int | None = None
+    interval: float = 0.0  # "trickle": seconds between the body's bytes
     matched: int = 0
 
     def fires(self, method: str, path: str) -> bool:
@@ -504,6 +505,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_span(reply, 0, n // 2)
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)  # the client sees EOF mid-body
+        elif fault is not None and fault.action == "trickle":
+            for k in range(n):  # one byte at a time: slow, never silent (no read timeout fires)
+                if not self.server.serving:
+                    break
+                self._send_span(reply, k, k + 1)
+                time.sleep(fault.interval)
+            self.close_connection = True
         elif fault is not None and fault.action == "corrupt" and n > 0:
             k = n // 2
             self._send_span(reply, 0, k)
@@ -691,6 +699,11 @@ class FaultyHTTPServer:
     def corrupt(self, pattern: str | None = None, times: int = 1) -> None:
         """The next ``times`` matching GETs have their middle body byte flipped (same length)."""
         self.faults.add(_Fault("corrupt", _compile(pattern), "GET", times=times))
+
+    def trickle(self, pattern: str | None = None, interval: float = 0.05, *, times: int | None = None) -> None:
+        """Matching GETs send their body one byte every ``interval`` seconds (a server that is slow,
+        not silent: no read timeout fires)."""
+        self.faults.add(_Fault("trickle", _compile(pattern), "GET", times=times, interval=interval))
 
     def hang(self, pattern: str | None = None, *, method: str | None = "GET", times: int | None = None) -> None:
         """Matching requests are read and then never answered until ``release()`` or ``stop()``."""

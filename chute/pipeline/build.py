@@ -110,7 +110,8 @@ def _fetcher(loader: Any, run: Pass) -> Any:
 
     run.dataset.release_direct_holds()  # the pass holds what it reads; nothing else while it waits for a turn
     uses = run.order.shard_uses(run.epoch, run.world_size, run.start)
-    return Fetcher(cache, uses, threads=cache.remote.parallel, name=f"chute-fetch-r{run.rank}")
+    then = run.order.shard_uses(run.epoch + 1, run.world_size, 0)  # which shards to keep for the next epoch
+    return Fetcher(cache, uses, threads=cache.remote.parallel, name=f"chute-fetch-r{run.rank}", then=then)
 
 
 def _progressive_epoch(loader: Any, run: Pass) -> None:

@@ -9,6 +9,7 @@ which the reader uses as its shard source.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +32,8 @@ def open_dataset(
     retries: int | None = None,
     verify: bool = True,
     progressive: bool = False,
+    min_speed: int | str | None = None,
+    min_speed_window: float | None = None,
 ) -> Dataset:
     """Open the chute dataset at ``path``: a local directory holding ``manifest.json``, or a URL.
 
@@ -44,6 +47,9 @@ def open_dataset(
     A request that fails transiently (timeout, reset connection, HTTP 5xx,
     throttling) is tried up to ``retries`` times in all (default 8, about 20 s
     of backoff) before a :class:`chute.RemoteError` names the URL and the errors.
+    A request that moves less than ``min_speed`` bytes/s (default 64 KiB/s; a
+    number or a string such as ``"1MB"``; 0: no floor) over ``min_speed_window``
+    seconds (default 30) is cancelled and retried, like a failed one.
 
     ``progressive=True`` (a remote dataset with a ``cache_limit``): each
     epoch of a Loader covers the shards in the cache when it starts, while a
@@ -67,11 +73,11 @@ def open_dataset(
                 f"progressive=True needs a cache_limit (chute.open({os.fspath(path)!r}, progressive=True, cache_limit=...)): "
                 "the mode trains on what fits in the cache while it rotates"
             )
-        ds = open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify)
+        ds = open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window)
         ds.progressive = True
         return ds
     if is_remote(os.fspath(path)):
-        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify)
+        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window)
     root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if not os.path.isdir(root):
@@ -85,7 +91,7 @@ def open_dataset(
         ) from None
     manifest = parse_manifest(text, manifest_path)
     if any(info.compression for info in manifest.shards):  # compressed shards are read through the cache
-        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries, verify=verify)
+        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window)
     real_root = os.path.realpath(root)
     for info in manifest.shards:
         path_i = os.path.join(root, *info.file.split("/"))
@@ -120,9 +126,17 @@ def open_remote(
     retries: int | None = None,
     *,
     verify: bool = True,
+    min_speed: int | str | None = None,
+    min_speed_window: float | None = None,
 ) -> Dataset:
     """Read the manifest at ``url`` and return the dataset, its shards read through the node cache."""
-    retry = RetryPolicy() if retries is None else RetryPolicy(attempts=max(1, int(retries)))
+    retry = RetryPolicy()
+    if retries is not None:
+        retry = dataclasses.replace(retry, attempts=max(1, int(retries)))
+    if min_speed is not None:
+        retry = dataclasses.replace(retry, min_speed=parse_size(min_speed) if isinstance(min_speed, str) else int(min_speed))
+    if min_speed_window is not None:
+        retry = dataclasses.replace(retry, min_speed_window=float(min_speed_window))
     remote = Remote(url, dict(storage_options or {}), retry)
     where = f"{remote.url}/{MANIFEST_NAME}"
     try:

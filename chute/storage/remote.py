@@ -6,8 +6,11 @@ and full jitter. Errors that will not go away by themselves (404, 403, a bad
 URL) fail at once. After the retry budget a :class:`RemoteError` names the URL,
 the status or exception and the attempts made.
 
-A shard is downloaded into a file the caller names, in parallel byte ranges
-when it is large, then checked against the manifest's checksum.
+A shard is downloaded into a file the caller names: in one GET, or in parallel
+byte ranges when it is larger than ``whole_max``, then checked against the
+manifest's checksum. Over HTTP and S3 every request is streamed
+(chute/storage/stream.py): it must move at least ``RetryPolicy.min_speed``
+bytes/s over every ``min_speed_window`` seconds, or it is cancelled and retried.
 """
 
 from __future__ import annotations
@@ -31,10 +34,17 @@ from typing import Any, TypeVar
 
 from chute.errors import RemoteError
 from chute.observe import inflight
+from chute.storage import stream
+from chute.storage.stream import Floor, RangeIgnored, SlowTransfer
 
 log = logging.getLogger("chute")
 
 T = TypeVar("T")
+
+#: The size of a byte range, and the largest object fetched in one GET (larger ones: parallel ranges).
+#: Measured with benchmarks/remote.py (docs/remote.md, "Performance").
+PART_SIZE = 16 << 20
+WHOLE_MAX = 128 << 20
 
 #: Protocols fsspec serves from this machine's own file system.
 LOCAL_PROTOCOLS = ("file", "local")
@@ -56,14 +66,6 @@ class ShortRead(OSError):
     """The server sent fewer bytes than asked for (a cut connection): worth retrying."""
 
 
-class RangeIgnored(Exception):
-    """The server answered a byte-range request with the whole object (HTTP 200, not 206)."""
-
-    def __init__(self, url: str, data: bytes) -> None:
-        super().__init__(f"{url}: the server ignored a Range request and sent all {len(data):,} bytes")
-        self.data = data
-
-
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
     """How often and how long to retry a request that failed transiently.
@@ -71,14 +73,29 @@ class RetryPolicy:
     ``attempts`` requests in all; before attempt ``k`` (from 1) a random wait in
     ``[0, min(cap, base * 2**k)]`` (full jitter: many clients retrying at once do
     not come back in lockstep). The defaults ride out about 20 s of outage.
+
+    ``min_speed`` and ``min_speed_window`` are the floor speed of every request
+    (streamed ones: HTTP and S3): less than ``min_speed`` bytes/s on average
+    over ``min_speed_window`` seconds cancels the request, and it is retried
+    (curl's ``--speed-limit``/``--speed-time``). ``min_speed=0`` turns it off.
     """
 
     attempts: int = 8
     base: float = 0.25
     cap: float = 8.0
+    min_speed: int = 64 << 10
+    min_speed_window: float = 30.0
+
+    @property
+    def floor(self) -> Floor:
+        return Floor(int(self.min_speed), float(self.min_speed_window))
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return rng.uniform(0.0, min(self.cap, self.base * (2**attempt)))
+
+    def budget_s(self) -> float:
+        """The longest the waits between attempts can add up to."""
+        return sum(min(self.cap, self.base * (2**k)) for k in range(1, self.attempts))
 
 
 def status_of(exc: BaseException) -> int | None:
@@ -130,7 +147,7 @@ def _permanent_types() -> tuple[type[BaseException], ...]:
 
 def _transient_types() -> tuple[type[BaseException], ...]:
     """Errors of the network, and of the backends' own integrity checks, that a retry may cure."""
-    types: list[type[BaseException]] = [ConnectionError, TimeoutError, asyncio.TimeoutError, EOFError, ShortRead,
+    types: list[type[BaseException]] = [ConnectionError, TimeoutError, asyncio.TimeoutError, EOFError, ShortRead, SlowTransfer,
                                         http.client.IncompleteRead]
     if (aiohttp := _loaded("aiohttp")) is not None:
         # ClientConnectionError: refused, reset and dropped connections, timeouts; ClientPayloadError: a cut body
@@ -201,12 +218,13 @@ class Remote:
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None,
-                 part_size: int = 16 << 20, parallel: int = 8) -> None:
+                 part_size: int = PART_SIZE, parallel: int = 8, whole_max: int = WHOLE_MAX) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
-        self.part_size = int(part_size)
-        self.parallel = max(1, int(parallel))
+        self.part_size = int(part_size)  # the size of a byte range, for objects fetched in ranges
+        self.whole_max = int(whole_max)  # objects up to this size are fetched in one GET
+        self.parallel = max(1, int(parallel))  # concurrent downloads (and ranges of one download)
         self._fs = None
         self._fs_pid = 0
         self._path = ""
@@ -215,14 +233,16 @@ class Remote:
         self._stop = threading.Event()
         self._local = threading.local()  # .cancel: the event that stops this thread's requests (see cancelled_by)
         self._cancels: weakref.WeakSet[threading.Event] = weakref.WeakSet()
+        self._wakers: list[tuple[threading.Event | None, Callable[[], None]]] = []  # streams to wake on a cancel
         self.retries = 0  # transient failures retried, over this object's life
         self.reached = False  # a request has succeeded: an unreachable host is an outage, not a wrong URL
         self.ranges = True  # False once the server was seen to ignore Range requests: whole-object GETs
+        self.requests = 0  # GET requests made (attempts included), over this object's life
 
     def __getstate__(self) -> dict:
         return {"url": self.url, "storage_options": self.storage_options, "retry": self.retry,
-                "part_size": self.part_size, "parallel": self.parallel, "reached": self.reached,
-                "ranges": self.ranges}
+                "part_size": self.part_size, "parallel": self.parallel, "whole_max": self.whole_max,
+                "reached": self.reached, "ranges": self.ranges}
 
     def __setstate__(self, state: dict) -> None:
         reached, ranges = state.pop("reached", False), state.pop("ranges", True)
@@ -279,11 +299,38 @@ class Remote:
         return self._stop.is_set()
 
     def close(self) -> None:
-        """Cut retry waits short (a download in progress still finishes its current request)."""
+        """Cut retry waits short and end streamed requests in progress (others finish their current request)."""
         with self._lock:
             self._stop.set()
             for event in list(self._cancels):
                 event.set()
+            wakers = [wake for _, wake in self._wakers]
+        for wake in wakers:
+            wake()
+
+    def cancel(self, event: threading.Event) -> None:
+        """Set ``event`` (see :meth:`cancelled_by`) and wake the streamed requests it stops, at once."""
+        event.set()
+        with self._lock:
+            wakers = [wake for owner, wake in self._wakers if owner is event]
+        for wake in wakers:
+            wake()
+
+    def _on_cancel(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` when the calling thread's requests are cancelled; returns its removal."""
+        entry = (getattr(self._local, "cancel", None), wake)
+        with self._lock:
+            self._wakers.append(entry)
+            stopped = self._stop.is_set()
+
+        def remove() -> None:
+            with self._lock:
+                with contextlib.suppress(ValueError):
+                    self._wakers.remove(entry)
+
+        if stopped:
+            wake()
+        return remove
 
     @contextlib.contextmanager
     def cancelled_by(self, event: threading.Event | None) -> Iterator[None]:
@@ -333,6 +380,8 @@ class Remote:
             except RangeIgnored:
                 self.reached = True
                 raise  # an answer, not a failure: download() uses it
+            except stream.Interrupted:
+                raise Cancelled(f"{what} {url}: cancelled (the loader or dataset was closed)") from None
             except Exception as exc:
                 reason = None if self.reached else unreachable(exc)
                 if reason is not None:
@@ -356,86 +405,123 @@ class Remote:
         raise RemoteError(
             f"{what} {url} failed after {len(errors)} attempts; last error: {errors[-1]}"
             + (f"; earlier: {'; '.join(dict.fromkeys(errors[:-1]))}" if len(errors) > 1 else "")
-            + ". Check that the server is reachable, or raise the retry budget"
+            + ". " + self._advice(errors)
         )
 
+    def _advice(self, errors: list[str]) -> str:
+        """What to change when the retries ran out: the settings, named as chute.open takes them."""
+        advice = (f"Check that the server is reachable, or raise the retry budget: chute.open(..., retries=N) "
+                  f"(now {self.retry.attempts} attempts, about {self.retry.budget_s():.0f} s of backoff)")
+        if any(e.startswith("SlowTransfer") for e in errors):
+            floor = self.retry.floor
+            advice += (f"; requests slower than the floor speed are cut: lower it or lengthen its window with "
+                       f"chute.open(..., min_speed=BYTES_PER_S, min_speed_window=SECONDS) (now {floor.rate:,} "
+                       f"bytes/s over {floor.window:g} s; min_speed=0 turns it off)")
+        if any("Timeout" in e or "timed out" in e for e in errors) and self.protocol in ("http", "https"):
+            advice += ("; HTTP reads time out after 60 s without data: raise it with storage_options="
+                       "{'client_kwargs': {'timeout': aiohttp.ClientTimeout(sock_read=SECONDS)}}")
+        return advice
+
+    def _get(self, path: str, url: str, start: int | None, length: int | None,
+             sink: Callable[[int, list[bytes]], None]) -> int:
+        """One streamed GET (see chute/storage/stream.py) into ``sink``; the bytes received."""
+        with self._lock:
+            self.requests += 1
+        return stream.get(self.fs, path, start, length, sink, floor=self.retry.floor, url=url,
+                          cancelled=self.cancelled, on_cancel=self._on_cancel)
+
     def read(self, name: str) -> bytes:
-        """The whole object ``name`` (the manifest), with retries."""
+        """The whole object ``name`` (the manifest), with retries; one GET (no HEAD first)."""
         path, url = self.path(name), join(self.url, name)
 
         def get() -> bytes:
             with inflight.track("GET", url):
-                return self.fs.cat_file(path)
+                if not stream.streams(self.fs):
+                    return self.fs.cat_file(path)
+                parts: list[bytes] = []
+                self._get(path, url, None, None, lambda _, chunks: parts.extend(chunks))
+                return b"".join(parts)
 
         return self.call("GET", url, get)
 
-    def _range(self, path: str, url: str, start: int, length: int) -> bytes:
-        def get() -> bytes:
-            with inflight.track("GET", url, start, length):
-                data = self.fs.cat_file(path, start=start, end=start + length)  # keywords: s3fs takes version_id second
-            if len(data) > length:
-                raise RangeIgnored(url, data)  # fsspec does not check for 206: a 200 sends everything
-            if len(data) != length:
-                raise ShortRead(f"got {len(data)} of {length} bytes")
-            return data
-
-        return self.call("GET", url, get)
+    def plan(self, size: int) -> list[tuple[int, int]]:
+        """The byte ranges ``(start, length)`` an object of ``size`` bytes is fetched in: one (a
+        whole-object GET) up to ``whole_max`` or when the server ignores ranges, else ``part_size`` each."""
+        if size <= self.whole_max or not self.ranges or self.part_size <= 0:
+            return [(0, size)]
+        return [(start, min(self.part_size, size - start)) for start in range(0, size, self.part_size)]
 
     def download(self, name: str, dest: str, size: int, pool: concurrent.futures.Executor | None = None) -> None:
         """Write object ``name`` (``size`` bytes) into the existing file ``dest``.
 
-        Objects larger than ``part_size`` are fetched as parallel byte ranges on
-        ``pool`` (each range retried on its own); smaller ones in one request. A
-        server that answers a range with the whole object (no Range support, such
-        as ``python -m http.server``) gets whole-object requests from then on.
+        In one GET, or as byte ranges (see :meth:`plan`) fetched ``parallel`` at
+        a time by threads that end with the download (``pool`` is not used: a
+        pool kept beyond it would outlive the loader), each range retried on its
+        own. A server that answers a range with the whole object (no Range
+        support, such as ``python -m http.server``) gets whole-object requests
+        from then on.
         """
         path, url = self.path(name), join(self.url, name)
-        cancel = getattr(self._local, "cancel", None)  # the byte ranges run on pool threads: pass it on
+        cancel = getattr(self._local, "cancel", None)  # the byte ranges run on their own threads: pass it on
         fd = os.open(dest, os.O_WRONLY)
         try:
-            parts = [(start, min(self.part_size, size - start)) for start in range(0, size, self.part_size)] or [(0, 0)]
-            if len(parts) == 1 or not self.ranges:
-                with self.cancelled_by(cancel):
-                    os.pwrite(fd, self._whole(path, url, size), 0)
-                return
-
-            def fetch(part: tuple[int, int]) -> None:
-                start, length = part
-                with self.cancelled_by(cancel):
-                    os.pwrite(fd, self._range(path, url, start, length), start)
-
-            futures = [pool.submit(fetch, part) for part in parts] if pool is not None else None
-            errors: list[BaseException] = []
-            for k, part in enumerate(parts):
+            parts = self.plan(size)
+            if len(parts) > 1:
                 try:
-                    futures[k].result() if futures is not None else fetch(part)
+                    self._ranges(fd, path, url, parts, cancel)
+                    return
                 except RangeIgnored as exc:
-                    errors.append(exc)
-                except BaseException as exc:
-                    errors.append(exc)
-            whole = next((e for e in errors if isinstance(e, RangeIgnored)), None)
-            if whole is not None:
-                if self.ranges:
-                    log.info("chute: %s; downloading whole objects from %s from now on", whole, self.url)
-                self.ranges = False
-                if len(whole.data) != size:
-                    raise RemoteError(f"GET {url}: the server sent {len(whole.data):,} bytes, the manifest says {size:,}; "
-                                      "the remote copy does not match the dataset's manifest: write the dataset again")
-                os.pwrite(fd, whole.data, 0)
-            elif errors:
-                raise errors[0]
+                    if self.ranges:
+                        log.info("chute: %s; downloading whole objects from %s from now on", exc, self.url)
+                    self.ranges = False
+            self._whole(fd, path, url, size)
         finally:
             os.close(fd)
 
-    def _whole(self, path: str, url: str, size: int) -> bytes:
-        def get() -> bytes:
-            with inflight.track("GET", url, None, size):
-                data = self.fs.cat_file(path)
-            if len(data) != size:
-                raise ShortRead(f"got {len(data)} of {size} bytes")
-            return data
+    def _ranges(self, fd: int, path: str, url: str, parts: list[tuple[int, int]], cancel: threading.Event | None) -> None:
+        def fetch(part: tuple[int, int]) -> None:
+            with self.cancelled_by(cancel):
+                self._part(fd, path, url, *part)
 
-        return self.call("GET", url, get)
+        with concurrent.futures.ThreadPoolExecutor(min(self.parallel, len(parts)), thread_name_prefix="chute-range") as pool:
+            futures = [pool.submit(fetch, part) for part in parts]
+            errors = [f.exception() for f in futures]
+        ignored = next((e for e in errors if isinstance(e, RangeIgnored)), None)
+        if ignored is not None:
+            raise ignored
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def _part(self, fd: int, path: str, url: str, start: int, length: int) -> None:
+        def get() -> None:
+            with inflight.track("GET", url, start, length):
+                if stream.streams(self.fs):
+                    got = self._get(path, url, start, length, lambda offset, chunks: _pwritev(fd, chunks, offset))
+                else:
+                    data = self.fs.cat_file(path, start=start, end=start + length)  # keywords: s3fs takes version_id second
+                    if len(data) > length:
+                        raise RangeIgnored(url)  # fsspec does not check for 206: a 200 sends everything
+                    os.pwrite(fd, data, start)
+                    got = len(data)
+            if got != length:
+                raise ShortRead(f"got {got} of {length} bytes")
+
+        self.call("GET", url, get)
+
+    def _whole(self, fd: int, path: str, url: str, size: int) -> None:
+        def get() -> None:
+            with inflight.track("GET", url, None, size):
+                if stream.streams(self.fs):
+                    got = self._get(path, url, None, None, lambda offset, chunks: _pwritev(fd, chunks, offset))
+                else:
+                    data = self.fs.cat_file(path)
+                    os.pwrite(fd, data, 0)
+                    got = len(data)
+            if got != size:
+                raise ShortRead(f"got {got} of {size} bytes")
+
+        self.call("GET", url, get)
 
     def download_stream(self, name: str, write: Callable[[bytes], None], restart: Callable[[], None]) -> None:
         """Stream object ``name`` to ``write`` in chunks (for decompression); on a transient
@@ -444,9 +530,13 @@ class Remote:
 
         def get() -> None:
             restart()
-            with inflight.track("GET", url), self.fs.open(path, "rb", block_size=self.part_size) as f:
-                while chunk := f.read(self.part_size):
-                    write(chunk)
+            with inflight.track("GET", url):
+                if stream.streams(self.fs):
+                    self._get(path, url, None, None, lambda _, chunks: [write(c) for c in chunks])
+                    return
+                with self.fs.open(path, "rb", block_size=self.part_size) as f:
+                    while chunk := f.read(self.part_size):
+                        write(chunk)
 
         self.call("GET", url, get)
 
@@ -479,6 +569,18 @@ class Remote:
             self.call("DELETE", url, lambda: self.fs.rm_file(path))
         except RemoteError:
             pass  # leftovers of a replaced dataset are harmless; the manifest no longer lists them
+
+
+def _pwritev(fd: int, chunks: list[bytes], offset: int) -> None:
+    """Write ``chunks`` one after another at ``offset`` of ``fd`` (one system call, no joined copy)."""
+    total = sum(len(c) for c in chunks)
+    written = os.pwritev(fd, chunks, offset)
+    if written != total:  # a regular file takes it all unless the disk is full; finish with plain writes
+        data = b"".join(chunks)[written:]
+        while data:
+            n = os.pwrite(fd, data, offset + written)
+            written += n
+            data = data[n:]
 
 
 def verify_file(path: str, checksum: str, url: str, expected_size: int) -> str | None:

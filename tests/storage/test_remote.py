@@ -360,7 +360,7 @@ def test_a_server_that_ignores_range_requests_gets_whole_object_downloads(http_s
     _, want = reference
     http_server.ignore_range("shard")
     ds = chute.open(served, cache_dir=tmp_path / "cache")
-    ds.cache.remote.part_size = 4096  # every ~21 KB shard would be fetched as ranges
+    ds.cache.remote.part_size = ds.cache.remote.whole_max = 4096  # every ~21 KB shard would be fetched as ranges
     with caplog.at_level(logging.INFO, logger="chute"):
         assert_same_epoch(epoch_columns(loader(ds)), want[0])
     stats = ds.cache.stats()

@@ -1,0 +1,223 @@
+"""How chute's downloads use the server: requests per shard, what runs before batch 0, which
+threads download, the floor speed, and that closing leaves no download thread behind.
+
+Everything is counted on the server's side (its request log) or from thread names; nothing
+depends on how long anything takes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import chute
+from chute.order import Order
+from chute.storage import stream
+from tests.servers import s3_storage_options
+from tests.storage._helpers import (
+    BATCH,
+    SEED,
+    chute_threads,
+    epoch_columns,
+    loader,
+    part_files,
+    shard_gets,
+    write_dataset,
+)
+
+
+@pytest.fixture
+def served(http_server) -> str:
+    write_dataset(str(http_server.root / "ds"), n=1000)  # ~13 shards of ~21 KB
+    return http_server.url + "ds"
+
+
+@pytest.fixture
+def on_s3(moto_s3, s3_bucket, s3_proxy, tmp_path) -> tuple[str, dict]:
+    """A dataset in moto's S3, reached through the logging proxy; (url, storage_options)."""
+    write_dataset(s3_bucket + "/ds", n=1000)
+    s3_proxy.log.clear()
+    return s3_bucket + "/ds", s3_storage_options(s3_proxy.endpoint_url)
+
+
+def _download_threads(monkeypatch) -> list[str]:
+    """The names of the threads that make streamed GETs from now on."""
+    names: list[str] = []
+    real = stream.get
+
+    def spy(*args, **kwargs):
+        names.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stream, "get", spy)
+    return names
+
+
+# ---------------------------------------------------------------------------
+# Requests: one GET per shard, the manifest without a HEAD, batch 0's shards first
+# ---------------------------------------------------------------------------
+
+
+def test_http_epoch_makes_one_get_per_shard_and_downloads_on_chute_threads(http_server, served, tmp_path, monkeypatch):
+    ds = chute.open(served, cache_dir=tmp_path / "cache")
+    assert [(r.method, r.path) for r in http_server.requests] == [("GET", "/ds/manifest.json")]  # no HEAD
+    names = _download_threads(monkeypatch)
+    epoch_columns(loader(ds))
+    gets = shard_gets(http_server)
+    assert sorted(gets) == sorted(s.file for s in ds.shards)
+    assert set(gets.values()) == {1}  # whole-object GETs: one request per shard
+    assert http_server.count(method="HEAD") == 0
+    manifest = (http_server.root / "ds" / "manifest.json").stat().st_size
+    assert http_server.bytes_sent == manifest + sum(s.bytes for s in ds.shards)  # the epoch downloaded 1.00x
+    assert names and all(n.startswith("chute-") for n in names), names  # never the loop's thread
+
+
+def test_s3_epoch_makes_one_get_per_shard_and_no_head(on_s3, s3_proxy, tmp_path):
+    url, options = on_s3
+    ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=options)
+    assert s3_proxy.count("manifest.json", method=None) == 1  # one GET, no HEAD first
+    epoch_columns(loader(ds))
+    gets = shard_gets(s3_proxy)
+    assert sorted(gets) == sorted(s.file for s in ds.shards)
+    assert set(gets.values()) == {1}
+    assert s3_proxy.count("shard-", method="HEAD") == 0
+
+
+def test_batch_zero_shards_are_requested_before_any_read_ahead(http_server, served, tmp_path):
+    ds = chute.open(served, cache_dir=tmp_path / "cache")
+    ld = loader(ds, shuffle=chute.Shuffle(window=2))
+    uses = Order(tuple(s.rows for s in ds.shards), BATCH, shuffle=True, seed=SEED, window=2).shard_uses(0)
+    first = {ds.shards[shard].file for step, _, shard in uses if step == uses[0][0]}
+    epoch_columns(ld)
+    requested = [r.path.rsplit("/", 1)[1] for r in http_server.requests if "shard-" in r.path]
+    # the log is written when a response starts: no later shard was asked for before batch 0's were served
+    assert set(requested[: len(first)]) == first
+    assert http_server.requests[0].path == "/ds/manifest.json"
+
+
+def test_ranged_downloads_split_a_shard_into_part_size_requests(http_server, served, tmp_path, monkeypatch):
+    ds = chute.open(served, cache_dir=tmp_path / "cache")
+    remote = ds.cache.remote
+    remote.whole_max = remote.part_size = 8192  # ~21 KB shards: 3 ranges each
+    names = _download_threads(monkeypatch)
+    epoch_columns(loader(ds))
+    gets = shard_gets(http_server)
+    for info in ds.shards:
+        assert gets[info.file] == -(-info.bytes // 8192), info.file
+    assert names and all(n.startswith("chute-") for n in names), set(names)
+
+
+# ---------------------------------------------------------------------------
+# Closing joins every thread it started
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [None, 200_000])
+def test_close_mid_epoch_leaves_no_chute_thread_http_ranges(http_server, served, tmp_path, limit):
+    ds = chute.open(served, cache_dir=tmp_path / "cache", cache_limit=limit)
+    ds.cache.remote.whole_max = ds.cache.remote.part_size = 4096  # ranged downloads on chute-range threads
+    ld = loader(ds, shuffle=chute.Shuffle(window=1))
+    for k, _ in enumerate(ld):
+        if k == 3:
+            break  # downloads in flight
+    ld.close()
+    ds.close()
+    assert chute_threads() == []
+    assert part_files(str(tmp_path / "cache")) == []
+
+
+def test_close_mid_epoch_leaves_no_chute_thread_s3_ranges(on_s3, tmp_path):
+    url, options = on_s3
+    ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=options)
+    ds.cache.remote.whole_max = ds.cache.remote.part_size = 4096
+    ld = loader(ds)
+    for k, _ in enumerate(ld):
+        if k == 3:
+            break
+    ld.close()
+    ds.close()
+    assert chute_threads() == []
+    assert part_files(str(tmp_path / "cache")) == []
+
+
+# ---------------------------------------------------------------------------
+# The floor speed, and errors that name the setting to change
+# ---------------------------------------------------------------------------
+
+
+def test_a_trickling_manifest_fails_at_the_floor_speed_naming_the_setting(http_server, served, tmp_path):
+    http_server.trickle("manifest.json", interval=0.05)  # 20 bytes/s: never silent, never done
+    with pytest.raises(chute.RemoteError) as info:
+        chute.open(served, cache_dir=tmp_path / "cache", retries=2, min_speed="1KiB", min_speed_window=2)
+    message = str(info.value)
+    assert f"{served}/manifest.json failed after 2 attempts" in message
+    assert "below the floor speed of 1,024 bytes/s over 2 s" in message
+    assert "min_speed=" in message and "min_speed_window=" in message and "retries=N" in message
+    assert http_server.count("manifest.json") == 2  # cancelled, retried once, then given up
+
+
+def test_a_trickling_shard_fails_the_loader_without_the_watchdog(http_server, served, tmp_path):
+    ds = chute.open(served, cache_dir=tmp_path / "cache", retries=3, min_speed=1000, min_speed_window=2)
+    slow = ds.shards[0].file
+    http_server.trickle(slow, interval=0.05)
+    with pytest.raises(chute.RemoteError) as info:
+        epoch_columns(loader(ds, watchdog=None))
+    message = str(info.value)
+    assert f"{served}/{slow} failed after 3 attempts" in message and "floor speed" in message
+    assert "min_speed=" in message
+    assert shard_gets(http_server)[slow] == 3
+    assert chute_threads() == []
+    assert part_files(str(tmp_path / "cache")) == []
+
+
+def test_a_trickling_s3_object_fails_at_the_floor_speed(on_s3, s3_proxy, tmp_path):
+    url, options = on_s3
+    s3_proxy.trickle("manifest.json", interval=0.05)
+    with pytest.raises(chute.RemoteError) as info:
+        chute.open(url, cache_dir=tmp_path / "cache", storage_options=options, retries=2, min_speed=1000, min_speed_window=2)
+    assert f"{url}/manifest.json failed after 2 attempts" in str(info.value)
+    assert "floor speed" in str(info.value)
+    # the proxy logs a request once moto has answered it, which may be after the client gave up on it
+    assert 1 <= s3_proxy.count("manifest.json") <= 2
+
+
+def test_no_floor_with_min_speed_zero(http_server, served, tmp_path):
+    http_server.trickle("manifest.json", interval=0.0005, times=1)  # slow, but it ends
+    ds = chute.open(served, cache_dir=tmp_path / "cache", min_speed=0, min_speed_window=0.01)
+    assert ds.cache.remote.retry.floor.active is False
+    assert http_server.count("manifest.json") == 1
+
+
+def test_an_outage_error_names_the_retry_setting(http_server, served, tmp_path):
+    ds = chute.open(served, cache_dir=tmp_path / "cache", retries=2)
+    http_server.stop()
+    with pytest.raises(chute.RemoteError) as info:
+        epoch_columns(loader(ds))
+    message = str(info.value)
+    assert "failed after 2 attempts" in message
+    assert "chute.open(..., retries=N) (now 2 attempts" in message
+
+
+# ---------------------------------------------------------------------------
+# Eviction: a shard this pass reads no more ranks by its first use in the next epoch
+# ---------------------------------------------------------------------------
+
+
+def test_next_use_ranks_a_finished_shard_by_its_use_in_the_next_epoch(http_server, served, tmp_path):
+    from chute.storage.fetcher import Fetcher
+
+    ds = chute.open(served, cache_dir=tmp_path / "cache")
+    uses = [(0, 1, 0), (2, 3, 1)]  # this pass: shard 0 at steps 0-1, shard 1 at steps 2-3
+    then = [(0, 0, 1), (1, 2, 2)]  # the next epoch: shard 1 first, then shard 2; shard 3 never
+    fetcher = Fetcher(ds.cache, uses, threads=1, then=then)
+    try:
+        assert [fetcher.next_use(s) for s in range(4)] == [0, 2, 4 + 1, float("inf")]
+        fetcher.received(1)  # the consumer is past shard 0's last use
+        assert fetcher.next_use(0) == float("inf")  # not read in the next epoch either: evicted first
+        fetcher.received(3)
+        assert fetcher.next_use(1) == 4 + 0  # read first in the next epoch: kept longest
+    finally:
+        fetcher.close()
+        ds.close()
+    assert chute_threads() == []
