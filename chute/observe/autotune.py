@@ -3,7 +3,7 @@
 :class:`Policy` is the decision logic, a small class fed one :class:`Window`
 of measurements at a time (no threads, no clock: testable with numbers).
 :class:`Autotuner` runs it during a Loader's pass: every ``window_s`` seconds
-(and at least ``window_batches`` batches) it takes the counters' deltas and
+(and at least ``window_batches`` batches, or 2 over half a second) it takes the counters' deltas and
 the CPU time used, asks the policy, applies its settings to the worker pool
 and logs the decisions (logger ``"chute"``, level INFO; ``loader.report()``
 lists them, and its what-if line quotes the last measured step).
@@ -78,6 +78,9 @@ SETTLE = 2
 CPU_SLACK = 0.25
 #: Default memory budget: bytes of finished or building batches in flight.
 DEFAULT_MAX_BYTES = 512 << 20
+#: A window closes after ``window_batches`` batches, or after this long with at least 2: slow batches
+#: (full-size images: 0.3-3 s each) would otherwise give a window every 8 batches, too few to tune an epoch.
+SLOW_WINDOW_NS = 500_000_000
 #: Steps (judged trials) remembered.
 STEPS = 32
 
@@ -455,7 +458,8 @@ class Autotuner:
             self.next_ns = now_ns + self.window_ns
             meter.take_ready()
             return
-        if counters.consumer.batches - self._last.consumer.batches < self.window_batches:
+        got = counters.consumer.batches - self._last.consumer.batches
+        if got < self.window_batches and (got < 2 or now_ns - self._last.time_ns < SLOW_WINDOW_NS):
             self.next_ns = now_ns + self.window_ns // 4
             return
         policy = self.policy
