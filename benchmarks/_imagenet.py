@@ -173,3 +173,45 @@ def pillow_2proc(blob: str, offsets: str, n: int, draft: bool) -> tuple[int, flo
         parts = pool.map(_loop, [(blob, offsets, 0, n // 2, 0, draft), (blob, offsets, n // 2, n, 0, draft)], chunksize=1)
         seconds = time.perf_counter() - start
     return sum(p[0] for p in parts), seconds
+
+
+def scaled_decode_tolerance(crops: int = 120) -> dict:
+    """Scaled DCT decode + resample against full decode + the same resample: per scale, the crops and the differences.
+
+    Photo-like JPEGs of 600 x 800 to 1200 x 1600 (tests/images/_data.py's
+    generator), a RandomResizedCrop box to 224 each, decoded at every scale
+    ``dct_scale`` allows for it. What docs/images.md states as the tolerance.
+    """
+    import sys
+
+    import simplejpeg
+    from PIL import Image
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from tests.images._data import encode, pixels
+
+    from chute.images.plan import Plan, RandomResizedCrop
+
+    def resample(px: np.ndarray, box: np.ndarray) -> np.ndarray:
+        h, w = px.shape[:2]
+        src = Image.frombuffer("RGB", (w, h), np.ascontiguousarray(px), "raw", "RGB", 0, 1)
+        return np.asarray(src.resize((OUT, OUT), Image.BILINEAR, box=tuple(float(v) for v in box))).astype(np.int16)
+
+    rng = np.random.default_rng(0)
+    stats: dict[int, list[tuple[float, int, float]]] = {}
+    for i in range(crops):
+        h, w = [(750, 1000), (1000, 750), (600, 800), (1200, 1600)][i % 4]
+        data = encode(pixels(i, h, w))
+        full = simplejpeg.decode_jpeg(data)
+        box = RandomResizedCrop(OUT).apply(Plan.whole(np.array([[h, w]])), rng.random((1, 40))).box[0]
+        for d in (2, 4, 8):
+            if (box[3] - box[1]) / d < OUT or (box[2] - box[0]) / d < OUT:
+                continue
+            scaled = simplejpeg.decode_jpeg(data, min_height=-(-h // d), min_width=-(-w // d), min_factor=d)
+            diff = np.abs(resample(full, box) - resample(scaled, box * np.array([scaled.shape[1] / w, scaled.shape[0] / h] * 2)))
+            stats.setdefault(d, []).append((float(diff.mean()), int(diff.max()), float(np.quantile(diff, 0.99))))
+    return {
+        d: {"crops": len(v), "mean_abs": float(np.mean([x[0] for x in v])), "worst_crop_mean_abs": max(x[0] for x in v),
+            "max_abs": max(x[1] for x in v), "worst_crop_q99": max(x[2] for x in v)}
+        for d, v in sorted(stats.items())
+    }

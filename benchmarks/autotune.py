@@ -146,10 +146,20 @@ def main() -> None:
         print(f"  autotuned / best fixed of the same run, median over runs: {statistics.median(per_run):.3f}")
         for d in runs["auto"][-1]["decisions"]:
             print(f"    {d}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"\nwrote {args.out}")
+        _save(args.out, workload, [r for r in rows if r["workload"] == workload])
+
+
+def _save(path: str, workload: str, rows: list[dict]) -> None:
+    """Replace ``workload``'s rows in the results file (the other workloads' rows stay): written after each workload."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    kept = []
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = [r for r in json.load(f) if r.get("workload") != workload]
+    with open(path + ".tmp", "w") as f:
+        json.dump(kept + rows, f, indent=1)
+    os.replace(path + ".tmp", path)
+    print(f"wrote {path} ({workload})", flush=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ first batch to the last).
     python benchmarks/images.py --data-dir bench-data --repeats 5
     python benchmarks/images.py --data-dir bench-data --only io --repeats 5
     python benchmarks/images.py --data-dir bench-data --only imagenet --repeats 5
+    python benchmarks/images.py --tolerance    # the scaled DCT decode's pixel difference from a full decode
 
 Results also go to benchmarks/results/images-<workload>.json (one row per configuration: medians and each run).
 
@@ -209,9 +210,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", choices=sorted(CONFIGS), default="w4")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
+    parser.add_argument("--tolerance", action="store_true", help="print the scaled decode's pixel difference (docs/images.md)")
     parser.add_argument("--run", default=None, help=argparse.SUPPRESS)  # one configuration, in a subprocess
     parser.add_argument("--build", default=None, help=argparse.SUPPRESS)  # the data, in a subprocess
     args = parser.parse_args()
+    if args.tolerance:
+        from _imagenet import scaled_decode_tolerance
+
+        print(json.dumps(scaled_decode_tolerance(), indent=1))
+        return
     if args.build:
         from _w4 import jpeg_dataset
 
