@@ -16,6 +16,15 @@ first batch to the last).
   decoded        a dataset of decoded pixels (what chute convert --decode stores: uint8[3,256,256], 196,608
                  bytes an image against ~25 KB of JPEG) with the same DecodeCrop: no decode left
 
+  --only imagenet  full-size photos (benchmarks/_imagenet.py: 2,000 photo-like JPEGs of ImageNet's usual sizes,
+                 ~500x375, varied aspect), RandomResizedCrop to 224 with scale (0.08, 1) + flip + normalize, batch 64:
+    pillow-2proc        the same augmentation with Pillow + torch (ToTensor, Normalize) in a loop on 2 processes
+    pillow-draft-2proc  the same with Pillow's draft() (the smallest JPEG scale that keeps the crop at 224 px)
+    in-rrc              DecodeCrop("jpeg", 224, scale=(0.08, 1), flip=True, normalize=True), autotuned (default:
+                        scaled DCT decode where the crop allows it)
+    in-rrc-full         the same with scaled=False (every image decoded in full)
+    in-rrc-t2           the same as in-rrc with chute.Workers(count=2)
+
   --only io      the autotuner on the I/O-bound case of issue 11: a per-sample transform that sleeps
                  0.5 ms (standing in for a read), a training step of 5 ms (a sleep), batch 64, 10,000 rows,
                  2 epochs measured over the second (the autotuner goes on where the first left it);
@@ -23,6 +32,10 @@ first batch to the last).
 
     python benchmarks/images.py --data-dir bench-data --repeats 5
     python benchmarks/images.py --data-dir bench-data --only io --repeats 5
+    python benchmarks/images.py --data-dir bench-data --only imagenet --repeats 5
+    python benchmarks/images.py --tolerance    # the scaled DCT decode's pixel difference from a full decode
+
+Results also go to benchmarks/results/images-<workload>.json (one row per configuration: medians and each run).
 
 The autotuned configurations print the tuner's decisions of their last run.
 """
@@ -45,6 +58,7 @@ CONFIGS = {
     "w4": ["limit-2proc", "torch-2", "chute-pillow", "decodecrop", "decodecrop-t1", "decodecrop-t2", "decodecrop-t3",
            "decodecrop-fast", "decoded"],
     "io": ["io-auto", "io-t2", "io-t4", "io-t6", "io-t8", "io-t12"],
+    "imagenet": ["pillow-2proc", "pillow-draft-2proc", "in-rrc", "in-rrc-full", "in-rrc-t2"],
 }
 LABELS = {
     "limit-2proc": "Pillow loop, 2 processes (the limit)",
@@ -57,7 +71,14 @@ LABELS = {
     "decodecrop-fast": "chute Loader, DecodeCrop(fast=True), autotuned",
     "decoded": "chute Loader, --decode pixels, DecodeCrop, autotuned",
     "io-auto": "chute Loader, 0.5 ms sleep per sample, autotuned",
+    "pillow-2proc": "Pillow loop, 2 processes, no draft (as users write it)",
+    "pillow-draft-2proc": "Pillow loop, 2 processes, with draft()",
+    "in-rrc": "chute Loader, DecodeCrop (scaled DCT decode, default), autotuned",
+    "in-rrc-full": "chute Loader, DecodeCrop(scaled=False), autotuned",
+    "in-rrc-t2": "chute Loader, DecodeCrop, 2 threads",
 }
+#: the imagenet workload's DecodeCrop: RandomResizedCrop to 224, scale (0.08, 1), flip, ImageNet's normalisation
+IMAGENET_RRC = dict(size=224, scale=(0.08, 1.0), flip=True, normalize=True)
 IO_ROWS = 10_000
 IO_SLEEP_S = 0.0005
 IO_STEP_S = 0.005  # the training step: the loop takes at most 12,800 samples/s; by hand, 64 x 0.5 / 5 = 6.4 -> 7 threads
@@ -119,7 +140,11 @@ def measure(config: str, data_dir: str) -> dict:
     import chute
     from _w4 import JpegBlobDataset, decode_sample, jpeg_dataset, limit_2proc
 
-    if config.startswith("io-"):
+    if config in ("pillow-2proc", "pillow-draft-2proc") or config.startswith("in-"):
+        from _imagenet import dataset as imagenet_dataset
+
+        ds, blob, offsets = imagenet_dataset(data_dir)
+    elif config.startswith("io-"):
         ds = io_dataset(data_dir)
     elif config == "decoded":
         ds = decoded_dataset(data_dir)
@@ -130,6 +155,10 @@ def measure(config: str, data_dir: str) -> dict:
     out: dict = {}
     if config == "limit-2proc":
         samples, seconds = limit_2proc(blob, offsets, n)
+    elif config in ("pillow-2proc", "pillow-draft-2proc"):
+        from _imagenet import pillow_2proc
+
+        samples, seconds = pillow_2proc(blob, offsets, n, draft=config == "pillow-draft-2proc")
     else:
         if config == "torch-2":
             loader = torch.utils.data.DataLoader(JpegBlobDataset(blob, offsets), batch_size=BATCH, shuffle=True, num_workers=2)
@@ -139,6 +168,8 @@ def measure(config: str, data_dir: str) -> dict:
             workers = chute.Workers(count=int(threads)) if threads else None
             if name.startswith("io"):
                 transform = sleepy
+            elif name.startswith("in-rrc"):
+                transform = chute.images.DecodeCrop("jpeg", **IMAGENET_RRC, scaled=not name.endswith("-full"))
             elif name == "chute-pillow":
                 transform = decode_sample
             else:
@@ -179,14 +210,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", choices=sorted(CONFIGS), default="w4")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
+    parser.add_argument("--tolerance", action="store_true", help="print the scaled decode's pixel difference (docs/images.md)")
     parser.add_argument("--run", default=None, help=argparse.SUPPRESS)  # one configuration, in a subprocess
     parser.add_argument("--build", default=None, help=argparse.SUPPRESS)  # the data, in a subprocess
     args = parser.parse_args()
+    if args.tolerance:
+        from _imagenet import scaled_decode_tolerance
+
+        print(json.dumps(scaled_decode_tolerance(), indent=1))
+        return
     if args.build:
         from _w4 import jpeg_dataset
 
         if args.build == "io":
             io_dataset(args.data_dir)
+        elif args.build == "imagenet":
+            from _imagenet import dataset as imagenet_dataset
+
+            imagenet_dataset(args.data_dir)
         else:
             jpeg_dataset(args.data_dir)
             decoded_dataset(args.data_dir)
@@ -213,14 +254,40 @@ def main() -> None:
                   + (f" (threads {result['threads']}, prefetch {result['prefetch']})" if "threads" in result else ""),
                   file=sys.stderr, flush=True)
     print_table(args.only, runs, args.repeats)
+    write_results(args.only, runs, args.repeats)
+
+
+def write_results(workload: str, runs: dict[str, list[dict]], repeats: int) -> None:
+    """benchmarks/results/images-<workload>.json: a flat row per configuration (medians, ratios to the peers of the same run)."""
+    median = {c: statistics.median(r["samples_per_s"] for r in rs) for c, rs in runs.items()}
+    refs = [c for c in ("limit-2proc", "torch-2", "pillow-2proc", "pillow-draft-2proc") if c in median]
+    rows = []
+    for c, rs in runs.items():
+        row = {
+            "label": f"{workload}: {LABELS.get(c, c)}", "workload": workload, "config": c, "batch_size": BATCH,
+            "samples_per_s_median": median[c], "samples_per_s_runs": [r["samples_per_s"] for r in rs],
+            "cpu_s_per_1000_median": statistics.median(r["cpu_s_per_1000"] for r in rs), "repeats": repeats,
+            "load_average": os.getloadavg()[0], "cpus": os.cpu_count(),
+        }
+        row.update({f"ratio_to_{ref}": median[c] / median[ref] for ref in refs})
+        if "threads" in rs[0]:
+            row["settings_runs"] = [f"threads {r['threads']}, prefetch {r['prefetch']}" for r in rs]
+        rows.append(row)
+    out = os.path.join(HERE, "results", f"images-{workload}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"\nwrote {out}")
 
 
 def print_table(workload: str, runs: dict[str, list[dict]], repeats: int) -> None:
     median = {c: statistics.median(r["samples_per_s"] for r in rs) for c, rs in runs.items()}
-    steady = "steady state of one epoch" if workload == "w4" else f"epoch 2 of {IO_EPOCHS}, a 5 ms training step"
-    print(f"\n{'W4 with chute.images' if workload == 'w4' else 'I/O-bound transform (0.5 ms sleep per sample)'}: "
+    steady = "steady state of one epoch" if workload in ("w4", "imagenet") else f"epoch 2 of {IO_EPOCHS}, a 5 ms training step"
+    title = {"w4": "W4 with chute.images", "io": "I/O-bound transform (0.5 ms sleep per sample)",
+             "imagenet": "ImageNet-like photos, RandomResizedCrop 224 + flip + normalize"}[workload]
+    print(f"\n{title}: "
           f"batch {BATCH}, medians of {repeats} runs round-robin, each in a fresh process, {steady}")
-    refs = [c for c in ("limit-2proc", "torch-2") if c in median]
+    refs = [c for c in ("limit-2proc", "torch-2", "pillow-2proc", "pillow-draft-2proc") if c in median]
     hand = {c: v for c, v in median.items() if "-t" in c}
     header = f"  {'config':52s} {'samples/s':>10s}" + "".join(f" {'/' + c:>13s}" for c in refs)
     header += f" {'/best hand':>11s}" if hand else ""

@@ -105,6 +105,36 @@ def _permutation_numpy(n: int, key: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64)
 
 
+def permutation_prefix(n: int, key: int, count: int) -> np.ndarray:
+    """``permutation(n, key)[:count]``, computing only the positions it needs.
+
+    The Feistel network maps each position on its own, so the first values
+    below ``n`` come from the first few positions: a pass's first batch needs
+    ``batch_size`` values of its window's permutation, not all of them.
+    """
+    if count >= n or n <= 1:
+        return permutation(n, key)[:count]
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask, shift, total = np.uint64((1 << half) - 1), np.uint64(half), 1 << (2 * half)
+    round_keys = [np.uint64(_key(key, r)) for r in range(_ROUNDS)]
+    parts, found, start, span = [], 0, 0, max(64, 2 * count)
+    while found < count and start < total:
+        v = np.arange(start, min(start + span, total), dtype=np.uint64)
+        left, right = v >> shift, v & mask
+        for rk in round_keys:
+            left, right = right, left ^ (_mix(right, rk) & mask)
+        out = (left << shift) | right
+        out = out[out < np.uint64(n)]
+        parts.append(out)
+        found, start, span = found + len(out), start + len(v), span * 2
+    return np.concatenate(parts)[:count].astype(np.int64)
+
+
+#: A pass that starts within this many rows of a window's start computes just that prefix of the window
+#: (the rest of the window is computed, once, by the next request).
+PREFIX_ROWS = 1 << 12
+
+
 @dataclasses.dataclass(frozen=True)
 class Order:
     """The order of one dataset's rows for a given batch size, shuffle and seed.
@@ -186,6 +216,16 @@ class Order:
         """Global row ids of window ``w`` of ``epoch``, in their shuffled order."""
         return self._cached(("rows", epoch, w), lambda: self._make_window_rows(epoch, w))
 
+    def _window_prefix(self, epoch: int, w: int, count: int) -> np.ndarray:
+        """The first ``count`` rows of window ``w`` (``_window_rows(epoch, w)[:count]``), from a prefix of its permutation."""
+        shards, _ = self._windows(epoch)
+        members = shards[w * self.window : (w + 1) * self.window]
+        sizes = np.asarray(self.shard_rows, dtype=np.int64)[members]
+        ends = np.cumsum(sizes)
+        picked = permutation_prefix(int(ends[-1]), _key(self.seed, epoch, 1, w), count)
+        k = np.searchsorted(ends, picked, side="right")
+        return self.offsets[members[k]] + picked - (ends[k] - sizes[k])
+
     def _make_window_rows(self, epoch: int, w: int) -> np.ndarray:
         shards, _ = self._windows(epoch)
         members = shards[w * self.window : (w + 1) * self.window]
@@ -205,7 +245,10 @@ class Order:
         while start < stop:
             w_start, w_stop = int(starts[w]), int(starts[w + 1])
             take = min(stop, w_stop)
-            parts.append(self._window_rows(epoch, w)[start - w_start : take - w_start])
+            if take - w_start <= PREFIX_ROWS and ("rows", epoch, w) not in self._cache:  # a pass's first batch
+                parts.append(self._window_prefix(epoch, w, take - w_start)[start - w_start :])
+            else:
+                parts.append(self._window_rows(epoch, w)[start - w_start : take - w_start])
             start = take
             w += 1
         return np.concatenate(parts)

@@ -9,7 +9,7 @@ Needs the ``chute[images]`` extra (simplejpeg, Pillow), imported on first use.
 """
 
 from chute.images.codec import MissingCodecError, decode_pillow, image_size
-from chute.images.plan import CenterCrop, HorizontalFlip, Op, Plan, RandomCrop, RandomResizedCrop, Resize
+from chute.images.plan import CenterCrop, HorizontalFlip, Op, Plan, RandomCrop, RandomResizedCrop, Resize, dct_scale
 from chute.images.render import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from chute.images.transform import Decode, DecodeCrop
 
@@ -25,6 +25,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "Op",
+    "dct_scale",
     "Plan",
     "MissingCodecError",
     "decode_pillow",

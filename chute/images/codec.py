@@ -7,7 +7,10 @@ smooth chroma upsampling, the same as Pillow's, so the pixels are Pillow's
 (tests/images/test_codec.py bounds the difference). ``fast=True`` switches to
 the fast DCT and upsampling (a few levels off on edges) and lets the decoder
 scale down by 1/2, 1/4 or 1/8 in the DCT when the output is that much smaller
-than the source box (what Pillow's ``draft`` does).
+than the source box (what Pillow's ``draft`` does). In accurate mode the
+caller may ask for a decode at 1/2, 1/4 or 1/8 (``scale``): ``Decode`` does when
+the crop keeps the output's resolution at that scale (docs/images.md gives the
+pixel difference this makes).
 
 Other formats (PNG, WebP, BMP, GIF, TIFF) and JPEGs simplejpeg does not
 handle (CMYK, YCCK) go through Pillow, which holds the GIL for part of the
@@ -90,12 +93,14 @@ class Decoder:
             buffer = self._local.buffer = np.empty(max(nbytes, 1 << 18), dtype=np.uint8)
         return buffer
 
-    def decode(self, data: Any, min_size: tuple[int, int] = (0, 0)) -> np.ndarray:
+    def decode(self, data: Any, min_size: tuple[int, int] = (0, 0), scale: int = 1) -> np.ndarray:
         """``uint8[h, w, 3]`` RGB pixels of ``data``, valid until this thread's next call.
 
+        ``scale`` (2, 4 or 8): a JPEG comes out at ``ceil(size / scale)``,
+        scaled in the inverse DCT (accurate mode; other formats ignore it).
         With ``fast``, a JPEG may come out scaled down by 1/2, 1/4 or 1/8, never
-        below ``min_size`` ``(height, width)``; the caller scales its box by the
-        shape it gets.
+        below ``min_size`` ``(height, width)``. The caller scales its box by
+        the shape it gets.
         """
         if is_jpeg(data):
             codec = simplejpeg()
@@ -109,5 +114,9 @@ class Decoder:
                     )
                 if self.fast:
                     return codec.decode_jpeg(data, buffer=buffer, fastdct=True, fastupsample=True)
+                if scale > 1:  # exactly 1/scale: no smaller size (min_*), no bigger one (min_factor)
+                    return codec.decode_jpeg(
+                        data, buffer=buffer, min_height=-(-h // scale), min_width=-(-w // scale), min_factor=scale,
+                    )
                 return codec.decode_jpeg(data, buffer=buffer)
         return decode_pillow(data)

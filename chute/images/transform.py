@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from chute.images.codec import Decoder, image_size
-from chute.images.plan import CenterCrop, HorizontalFlip, Op, Plan, RandomCrop, RandomResizedCrop, Resize
+from chute.images.plan import CenterCrop, HorizontalFlip, Op, Plan, RandomCrop, RandomResizedCrop, Resize, dct_scale
 from chute.images.render import Normalize, Renderer
 
 #: ``BatchContext.random``'s stream for image geometry (other transforms of the batch use other streams).
@@ -43,10 +43,14 @@ class Decode:
     ``Resize((h, w))``); the column becomes ``uint8[n, 3, h, w]`` (or float
     with :class:`Normalize`). ``fast=True``: libjpeg-turbo's fast DCT and
     upsampling, and scaling down in the DCT when the output is at most half
-    the source box (docs/images.md).
+    the source box (docs/images.md). ``scaled=True`` (the default, accurate
+    mode): a JPEG whose crop box is at least 2, 4 or 8 times the output in
+    both directions is decoded at 1/2, 1/4 or 1/8 in the DCT (:func:`dct_scale`),
+    within the pixel tolerance docs/images.md states; ``scaled=False`` always
+    decodes in full.
     """
 
-    def __init__(self, column: str, *ops: Op | Normalize, fast: bool = False) -> None:
+    def __init__(self, column: str, *ops: Op | Normalize, fast: bool = False, scaled: bool = True) -> None:
         if not isinstance(column, str):
             raise TypeError(f"the image column must be a column name (str), got {column!r}")
         normalize = None
@@ -71,6 +75,7 @@ class Decode:
                 "a crop (CenterCrop, RandomCrop, RandomResizedCrop) or Resize((height, width))"
             )
         self.column, self.ops, self.normalize, self.fast = column, tuple(geometry), normalize, bool(fast)
+        self.scaled = bool(scaled)
         self.size: tuple[int, int] = sized[-1]
         self.draws = sum(op.draws for op in geometry)
         self.decoder = Decoder(self.fast)
@@ -83,7 +88,7 @@ class Decode:
 
     def __repr__(self) -> str:
         ops = ", ".join(repr(op) for op in (*self.ops, *(() if self.normalize is None else (self.normalize,))))
-        return f"chute.images.Decode({self.column!r}, {ops}{', fast=True' if self.fast else ''})"
+        return f"chute.images.Decode({self.column!r}, {ops}{', fast=True' if self.fast else ''}{'' if self.scaled else ', scaled=False'})"
 
     # ------------------------------------------------------------------ the batch
 
@@ -116,6 +121,7 @@ class Decode:
         slots = out.numpy()
         render, decode = self.renderer.render, self.decoder.decode
         fast = self.fast and not stored
+        scales = dct_scale(sizes, plan.box, plan.out) if self.scaled and not fast and not stored else None
         failed = set(ctx.skipped)
         for j in range(n):
             if j in failed:
@@ -125,7 +131,10 @@ class Decode:
                 if stored:
                     pixels = images[j]
                 else:
-                    pixels = decode(images[j], _min_size(sizes[j], box, plan.out[j]) if fast else (0, 0))
+                    if scales is not None:
+                        pixels = decode(images[j], scale=int(scales[j]))
+                    else:
+                        pixels = decode(images[j], _min_size(sizes[j], box, plan.out[j]) if fast else (0, 0))
                     if pixels.shape[0] != sizes[j][0] or pixels.shape[1] != sizes[j][1]:  # scaled in the DCT
                         box = box * np.array([pixels.shape[1] / sizes[j][1], pixels.shape[0] / sizes[j][0]] * 2)
                         integral[j] = False
@@ -193,6 +202,7 @@ def DecodeCrop(  # noqa: N802 (a constructor in the shape users call it)
     flip: bool = False,
     normalize: Normalize | bool | None = None,
     fast: bool = False,
+    scaled: bool = True,
 ) -> Decode:
     """The common image pipelines in one call: a :class:`Decode` of ``column`` to ``size``.
 
@@ -201,7 +211,8 @@ def DecodeCrop(  # noqa: N802 (a constructor in the shape users call it)
     * ``DecodeCrop("jpg", 224, random=True)``: a random 224x224 window at the source's scale;
     * ``DecodeCrop("jpg", 224, scale=(0.08, 1.0))``: a random-resized crop (``ratio`` its aspect range; ImageNet training);
     * ``flip=True`` adds a random horizontal flip; ``normalize=True`` (ImageNet's mean and std, float32)
-      or a :class:`Normalize` gives floats instead of uint8.
+      or a :class:`Normalize` gives floats instead of uint8;
+    * ``scaled=False`` decodes every JPEG in full (see :class:`Decode`).
     """
     ops: list[Any] = []
     if resize is not None:
@@ -220,4 +231,4 @@ def DecodeCrop(  # noqa: N802 (a constructor in the shape users call it)
         ops.append(normalize)
     elif normalize not in (None, False):
         raise TypeError(f"normalize must be True, False or a chute.images.Normalize, got {normalize!r}")
-    return Decode(column, *ops, fast=fast)
+    return Decode(column, *ops, fast=fast, scaled=scaled)

@@ -3,7 +3,7 @@
 :class:`Policy` is the decision logic, a small class fed one :class:`Window`
 of measurements at a time (no threads, no clock: testable with numbers).
 :class:`Autotuner` runs it during a Loader's pass: every ``window_s`` seconds
-(and at least ``window_batches`` batches) it takes the counters' deltas and
+(and at least ``window_batches`` batches, or 2 over half a second) it takes the counters' deltas and
 the CPU time used, asks the policy, applies its settings to the worker pool
 and logs the decisions (logger ``"chute"``, level INFO; ``loader.report()``
 lists them, and its what-if line quotes the last measured step).
@@ -18,7 +18,10 @@ The rules (thresholds are the constants below):
   judged against; it is judged on the best of the ``SETTLE`` windows after it
   (the first of which the change itself disturbs). If the loop still waits and
   samples/s did not rise by ``GAIN``, the change is undone and the setting it
-  came from becomes a ceiling for the rest of the loader's life. Best-of-two
+  came from becomes a ceiling for the rest of the loader's life (the wait
+  ending is enough to keep a change only if it was at least twice ``WAIT``
+  before and the rate did not fall, and never for a thread beyond the CPU
+  budget: that one stays only for a measured gain). Best-of-two
   makes one disturbed window (another process taking the CPU for a moment)
   neither start nor end a trial. Each judged trial is kept as a :class:`Step`
   (before and after, measured): the report's advice comes from these, never
@@ -75,6 +78,9 @@ SETTLE = 2
 CPU_SLACK = 0.25
 #: Default memory budget: bytes of finished or building batches in flight.
 DEFAULT_MAX_BYTES = 512 << 20
+#: A window closes after ``window_batches`` batches, or after this long with at least 2: slow batches
+#: (full-size images: 0.3-3 s each) would otherwise give a window every 8 batches, too few to tune an epoch.
+SLOW_WINDOW_NS = 500_000_000
 #: Steps (judged trials) remembered.
 STEPS = 32
 
@@ -322,7 +328,7 @@ class Policy:
         """Keep or undo the change under trial; remember it as a :class:`Step`."""
         self._trial = None
         after_rate, after_wait = best if best is not None else (0.0, window.wait_fraction)
-        kept = after_wait < WAIT or after_rate >= trial.rate * GAIN
+        kept = _kept(trial, after_rate, after_wait, self.cpu_budget)
         self.steps.append(Step(trial.change, trial.rate, after_rate, trial.wait, after_wait, kept))
         if kept:
             if trial.kind == "prefetch":
@@ -392,6 +398,18 @@ class Policy:
         return [(f"threads stay at {self.threads}", f"the loop waits {wait:.0%} of its time but {why}")]
 
 
+def _kept(trial: _Trial, after_rate: float, after_wait: float, cpu_budget: float) -> bool:
+    """Whether a trial stays: samples/s rose by ``GAIN``; or the loop's wait, clearly there before
+    (at least twice ``WAIT``), ended without the rate falling. A worker thread beyond the CPU budget
+    stays only for a measured gain: the end of a wait alone is not worth a thread the cores cannot run.
+    """
+    if after_rate >= trial.rate * GAIN:
+        return True
+    if trial.kind == "threads" and trial.threads + 1 > cpu_budget:
+        return False
+    return after_wait < WAIT <= trial.wait / 2 and after_rate >= trial.rate
+
+
 def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:,.1f} MB"
 
@@ -440,7 +458,8 @@ class Autotuner:
             self.next_ns = now_ns + self.window_ns
             meter.take_ready()
             return
-        if counters.consumer.batches - self._last.consumer.batches < self.window_batches:
+        got = counters.consumer.batches - self._last.consumer.batches
+        if got < self.window_batches and (got < 2 or now_ns - self._last.time_ns < SLOW_WINDOW_NS):
             self.next_ns = now_ns + self.window_ns // 4
             return
         policy = self.policy

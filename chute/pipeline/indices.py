@@ -3,9 +3,11 @@
 A thin layer over ``chute.order.Order``: the rows of a *chunk* of steps (about
 one shuffle window of rows) are computed at once with :meth:`Order.steps`
 (one slice of the global order, one vectorised sort by shard), the next chunk
-is computed as soon as the current one starts being read, and a batch's
-indices are then a row of the chunk: a list lookup, no Python call. The
-values are exactly ``order.batch(epoch, step, rank, world_size, start)``.
+is computed when the second step of the current one starts being read, and a
+batch's indices are then a row of the chunk: a list lookup, no Python call.
+The first step of a pass is computed alone (its chunk comes with the step
+after it): the first batch waits only for its own rows. The values are
+exactly ``order.batch(epoch, step, rank, world_size, start)``.
 """
 
 from __future__ import annotations
@@ -48,13 +50,18 @@ class BatchIndices:
         k = step // self.per_chunk
         chunk = self.chunks[k]
         if chunk is None:
+            if step == 0 and self.per_chunk > 1:  # the first batch: its rows alone, the chunk comes later
+                return self.order.steps(self.epoch, 0, 1, self.rank, self.world_size, self.start)[0]
             chunk = self._compute(k)
         return chunk[step - k * self.per_chunk]
 
     def ahead(self, step: int) -> None:
-        """``step`` starts being read: compute the next chunk if ``step`` opens one, and drop one long done."""
-        k, first = divmod(step, self.per_chunk)
-        if first or step >= self.full:
+        """``step`` starts being read: compute the next chunk if ``step`` is the second of one, and drop one long done.
+
+        (Not at a chunk's first step: a pass's first batch would wait for the next chunk.)
+        """
+        k, at = divmod(step, self.per_chunk)
+        if at != min(1, self.per_chunk - 1) or step >= self.full:
             return
         if k + 1 < len(self.chunks) - 1 and self.chunks[k + 1] is None:
             self._compute(k + 1)

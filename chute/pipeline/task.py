@@ -39,6 +39,7 @@ class BatchTask:
         self._lock = threading.Lock()
         chunks = indices.chunks
         self._chunks, self._per_chunk = chunks, indices.per_chunk
+        self._second = min(1, indices.per_chunk - 1)  # where in a chunk the next one is computed
         self._row_bytes = sum(shape_bytes(shape, dtype) for shape, dtype in zip(gather.shapes, gather.dtypes))
 
     def register(self, ident: int) -> int:
@@ -65,8 +66,8 @@ class BatchTask:
                 indices = self.indices.rows(step)
             else:
                 indices = chunk[step % self._per_chunk]
-            if not step % self._per_chunk:
-                self.indices.ahead(step)  # a chunk opens: compute the next one now, off the critical path
+            if step % self._per_chunk == self._second:
+                self.indices.ahead(step)  # a chunk's second step: compute the next chunk now, off the critical path
             waited = 0
             if self.fetcher is not None:
                 waited = self._fetch(step, indices)

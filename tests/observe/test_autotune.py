@@ -285,6 +285,9 @@ def test_io_bound_converges_to_the_thread_count_computed_by_hand_past_the_cpu_co
     assert abs(threads - expected) <= 1, report
     assert threads > 2 and loader.max_threads >= 16
     assert report.settings["autotune"] is True
+    text = str(report)  # print(loader.report()): the autotuner's choice and why
+    assert f"settings: threads {threads}, prefetch {report.settings['prefetch']} (autotuned)" in text
+    assert "autotuner decisions (latest last):" in text and "threads 1 -> 2: the loop waited" in text
     assert report.decisions and report.decisions[0].change == "threads 1 -> 2"
     assert "the loop waited" in report.decisions[0].reason
     assert any("autotune: threads 1 -> 2" in r.getMessage() for r in caplog.records)
@@ -380,3 +383,28 @@ def test_idle_cpu_is_enough_to_try_one_more_thread():
         notes += policy.step(dataclasses.replace(data_bound(100.0 * min(t, 1.8)), cpu_s=min(1.0 * t, 1.6) + 0.4, loop_cpu_s=0.4))
     assert policy.threads == 2
     assert ("threads 1 -> 2" in [change for change, _ in notes])
+
+
+def test_a_thread_beyond_the_cores_stays_only_for_a_measured_gain():
+    policy = Policy(2, 4, max_threads=8, cpu_budget=2)
+    policy.step(data_bound(1000))
+    policy.step(data_bound(1000))
+    assert policy.threads == 3  # tried: no CPU measured says it cannot fit
+    policy.step(data_bound(1030, wait=0.01))  # +3% and the wait ended: enough for a thread the cores can run ...
+    policy.step(data_bound(1030, wait=0.01))
+    assert policy.threads == 2  # ... not for a third thread on 2 cores
+    assert not policy.steps[-1].kept and policy.ceiling == 2
+    kept = Policy(2, 4, max_threads=8, cpu_budget=2)
+    for rate in (1000, 1000, 1060, 1060):  # +6%: measured, kept
+        kept.step(data_bound(rate))
+    assert [(s.change, s.kept) for s in kept.steps] == [("threads 2 -> 3", True)]
+
+
+def test_a_deeper_prefetch_that_only_nudges_a_small_wait_is_undone():
+    policy = Policy(2, 8, max_threads=8)
+    policy.step(data_bound(1000, busy=0.5, wait=0.06))
+    policy.step(data_bound(1000, busy=0.5, wait=0.06))
+    assert policy.depth == 12
+    policy.step(data_bound(1010, busy=0.5, wait=0.01))  # 6% -> 1%: noise as much as an effect, and +1%
+    policy.step(data_bound(1010, busy=0.5, wait=0.01))
+    assert policy.depth == 8 and policy.depth_ceiling == 8

@@ -1,0 +1,185 @@
+"""Time to the first batch, from a fresh process: chute.Loader(path) against torch's DataLoader on the same data.
+
+Each run is a new Python process (PYTHONDONTWRITEBYTECODE unset, as users run
+it) that first imports what it needs (torch, numpy, ``from chute import
+Loader``: imports are not counted), then times, with ``perf_counter``, from
+constructing the loader to holding batch 0 (``next(iter(loader))``), and the
+CPU time of the whole process over the same span (all threads). Configurations
+run round-robin, --repeats times; the table shows medians with min-max.
+
+  W1  20,000 pickled dicts, batch 64: chute reads the converted dataset, torch the .pkl.gz files (CSV index)
+  W2  200,000 uint8[3,32,32] + int64 labels, batch 256, shuffled
+  W3  2,000 float32 records of 1 MiB, batch 8, shuffled
+
+Configurations:
+  chute            chute.Loader(path, batch_size, shuffle=True): opens the dataset, builds the order, starts its
+                   thread, maps and checks batch 0's shards (their checksums were verified on this machine before)
+  chute-cold       the same with a new, empty chute cache directory: batch 0's shards are hashed (verify=True)
+                   before batch 0, as on a machine that never read them
+  torch-0          torch DataLoader(Dataset over a numpy memmap (W1: the pickles), shuffle=True, num_workers=0)
+  torch-batch      the strongest torch setup: a memmap Dataset whose __getitem__ takes a whole batch of indices,
+                   DataLoader(sampler=BatchSampler(RandomSampler), batch_size=None) (W2, W3)
+  torch-2          torch DataLoader(..., num_workers=2) (workers forked, as on Linux by default)
+
+    python benchmarks/first_batch.py --data-dir bench-data --repeats 7
+    python benchmarks/first_batch.py --only w2 --repeats 7
+
+Results go to benchmarks/results/first_batch.json (one row per workload and configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+BATCH = {"w1": 64, "w2": 256, "w3": 8}
+CONFIGS = {
+    "w1": ["chute", "chute-cold", "torch-0", "torch-2"],
+    "w2": ["chute", "chute-cold", "torch-0", "torch-batch", "torch-2"],
+    "w3": ["chute", "chute-cold", "torch-0", "torch-batch", "torch-2"],
+}
+LABELS = {
+    "chute": "chute Loader(path)",
+    "chute-cold": "chute Loader(path), shards not yet verified on this machine",
+    "torch-0": "torch DataLoader, num_workers=0",
+    "torch-batch": "torch DataLoader, whole-batch fetch (BatchSampler)",
+    "torch-2": "torch DataLoader, num_workers=2",
+}
+
+
+class _BatchMemmap:
+    """A map Dataset whose item is a whole batch: ``ds[list_of_indices]`` (what an expert writes)."""
+
+    def __init__(self, path: str, label: bool) -> None:
+        import numpy as np
+
+        self.data, self.label = np.load(path, mmap_mode="r"), label
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, idx):
+        import numpy as np
+        import torch
+
+        idx = np.sort(np.asarray(idx))
+        x = torch.from_numpy(self.data[idx])
+        return (x, torch.from_numpy(idx)) if self.label else x
+
+
+def child(workload: str, config: str, data_dir: str) -> dict:
+    """One measurement, in this (fresh) process."""
+    import time
+
+    import numpy as np  # noqa: F401  (imports are not timed)
+    import torch
+
+    import chute  # noqa: F401
+    from chute import Loader
+
+    batch = BATCH[workload]
+    path = os.path.join(data_dir, "w1-20000-chute" if workload == "w1" else workload)
+    if config.startswith("torch"):
+        from _data import MemmapDataset
+
+        if workload == "w1":
+            from chute.demo import PickleFilesDataset
+        raw = os.path.join(data_dir, f"{workload}.npy")
+    clock, cpu = time.perf_counter, time.process_time
+    start, cpu0 = clock(), cpu()
+    if config.startswith("chute"):
+        loader = Loader(path, batch_size=batch, shuffle=True)
+    elif config == "torch-batch":
+        dataset = _BatchMemmap(raw, label=workload == "w2")
+        sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(dataset), batch, drop_last=False)
+        loader = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None)
+    else:
+        workers = int(config.split("-")[1])
+        if workload == "w1":
+            dataset = PickleFilesDataset(os.path.join(data_dir, "w1-20000", "index.csv"))
+            loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, collate_fn=list)
+        else:
+            dataset = MemmapDataset(raw, label=workload == "w2")
+            loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers)
+    it = iter(loader)
+    next(it)
+    elapsed, used = clock() - start, cpu() - cpu0
+    del it
+    if hasattr(loader, "close"):
+        loader.close()
+    return {"ttfb_s": elapsed, "cpu_s": used}
+
+
+def run(workload: str, config: str, data_dir: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cold = None
+    if config == "chute-cold":
+        cold = tempfile.mkdtemp(prefix="chute-cold-cache-")
+        env["CHUTE_CACHE_DIR"] = cold
+    try:
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", workload, config, "--data-dir", data_dir],
+            env=env, capture_output=True, text=True, check=True, cwd=HERE,
+        ).stdout
+    finally:
+        if cold is not None:
+            shutil.rmtree(cold, ignore_errors=True)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default=os.path.join(HERE, "..", "bench-data"))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", choices=sorted(CONFIGS), action="append")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "first_batch.json"))
+    parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "CONFIG"))
+    args = parser.parse_args()
+    data_dir = os.path.abspath(args.data_dir)
+    if args.child:
+        print(json.dumps(child(*args.child, data_dir)))
+        return
+    from _data import array_dataset, pickle_dataset
+
+    workloads = args.only or ["w1", "w2", "w3"]
+    for w in workloads:  # generated once, and read once so that the files are in the page cache
+        pickle_dataset(data_dir) if w == "w1" else array_dataset(w, data_dir)
+        run(w, "chute", data_dir)  # verifies the shards batch 0 reads on this machine (as any earlier run would)
+    results: dict[tuple[str, str], list[dict]] = {(w, c): [] for w in workloads for c in CONFIGS[w]}
+    load = []
+    for r in range(args.repeats):
+        for (w, c), runs in results.items():
+            runs.append(run(w, c, data_dir))
+        load.append(os.getloadavg()[0])
+        print(f"round {r + 1}/{args.repeats} done (load average {load[-1]:.1f})", file=sys.stderr)
+    rows = []
+    print(f"\nTime to first batch, fresh processes, medians of {args.repeats} (min-max); load average {statistics.median(load):.1f} "
+          f"on {os.cpu_count()} CPUs\n")
+    print(f"{'workload':8} {'loader':64} {'first batch':>22} {'CPU':>8}")
+    for (w, c), runs in results.items():
+        t = sorted(x["ttfb_s"] for x in runs)
+        cpu = statistics.median(x["cpu_s"] for x in runs)
+        row = {
+            "label": f"{w.upper()} {LABELS[c]}", "workload": w, "config": c, "batch_size": BATCH[w],
+            "ttfb_median_s": statistics.median(t), "ttfb_min_s": t[0], "ttfb_max_s": t[-1], "cpu_median_s": cpu,
+            "runs": len(t), "load_average": statistics.median(load), "cpus": os.cpu_count(),
+        }
+        rows.append(row)
+        print(f"{w:8} {LABELS[c]:64} {row['ttfb_median_s'] * 1e3:7.1f} ms ({t[0] * 1e3:.0f}-{t[-1] * 1e3:.0f}) {cpu * 1e3:6.1f} ms")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
