@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from chute import _native
 from chute.errors import ChuteError, SchemaError
 from chute.format.manifest import Manifest
 from chute.format.schema import Ragged, Schema
@@ -34,6 +35,9 @@ __all__ = ["TokenWriter", "write", "METADATA_KEY", "COLUMN", "dtype_for"]
 METADATA_KEY = "tokens"
 COLUMN = "tokens"
 DEFAULT_SHARD_SIZE = "128MB"
+#: Sequence lengths whose document packing the writer counts per shard (``metadata["tokens"]["packed"]``), so
+#: that ``sequences(..., pack="documents")`` learns its length from the manifest alone.
+PACKED_LENGTHS = tuple(2**k for k in range(4, 17))
 _UINT16_IDS = 1 << 16
 _UINT32_IDS = 1 << 32
 
@@ -56,6 +60,7 @@ class _TokenShards(ShardWriter):
         self.parts: list[np.ndarray] = []
         self.lengths: list[np.ndarray] = []
         self.shard_tokens: list[int] = []
+        self.packed: dict[int, list[int]] = {n: [] for n in PACKED_LENGTHS}
 
     def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         """Documents ``lengths`` (int64) whose tokens are ``flat`` one after the other (already checked)."""
@@ -84,11 +89,15 @@ class _TokenShards(ShardWriter):
         column = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
         self.write_batch(pa.record_batch([column], schema=self.arrow_schema))
         self.shard_tokens.append(int(offsets[-1]))
+        for n, counts in self.packed.items():
+            counts.append(_native.tokens_plan(offsets, n))
         self.parts, self.lengths, self.rows, self.bytes = [], [], 0, 0
 
     def discard(self) -> None:
         super().discard()
         self.shard_tokens.clear()
+        for counts in self.packed.values():
+            counts.clear()
 
 
 class TokenWriter:
@@ -228,6 +237,7 @@ class TokenWriter:
                 "documents": self.documents,
                 "tokens": self.tokens,
                 "shard_tokens": list(self._shards.shard_tokens),
+                "packed": {str(n): counts for n, counts in self._shards.packed.items()},
             }
         except BaseException:
             self.abort()
