@@ -176,7 +176,7 @@ class Sequences:
         with self._lock:
             if self._sources[i] is not None:
                 return
-            tokens, base, offsets = self.source.map(i)
+            tokens, base, offsets = self.source.map(i, self.pack == "documents")
             if self.pack == "concat":
                 self._sources[i] = (tokens, base)
                 return
@@ -266,7 +266,7 @@ def sequences(data: Any, seq_len: int, *, pack: str = "concat", pad_id: int = 0)
 
     ``data``: a token dataset (``chute.tokens.write``; a :class:`chute.Dataset`
     or its path/URL) or existing token files (:func:`chute.tokens.megatron`,
-    :func:`chute.tokens.numpy_tokens`). Batches are dicts of int64 tensors
+    :func:`chute.tokens.flat`). Batches are dicts of int64 tensors
     ``input_ids`` and ``labels`` of shape ``[B, seq_len]``; with
     ``pack="documents"`` also ``position_ids`` and ``cu_seqlens`` (int32). See
     :mod:`chute.tokens.sequences` and docs/tokens.md for the exact semantics.

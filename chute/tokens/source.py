@@ -46,9 +46,9 @@ class TokenSource:
     cache: Any = None
     packed: dict[int, list[int]]
 
-    def map(self, i: int) -> tuple[np.ndarray, int, np.ndarray]:
+    def map(self, i: int, documents: bool = True) -> tuple[np.ndarray, int, np.ndarray | None]:
         """Shard ``i``: ``(tokens, base, doc_offsets)``; its tokens are ``tokens[base : base + shard_tokens[i]]``
-        and ``doc_offsets`` (int64, absolute in ``tokens``) bound its documents."""
+        and ``doc_offsets`` (int64, absolute in ``tokens``) bound its documents (may be None unless ``documents``)."""
         raise NotImplementedError
 
     def set_on_unmap(self, callback: Any) -> None:
@@ -97,7 +97,7 @@ class DatasetTokens(TokenSource):
     def __reduce__(self):
         return (DatasetTokens, (self.dataset,))
 
-    def map(self, i: int) -> tuple[np.ndarray, int, np.ndarray]:
+    def map(self, i: int, documents: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
         shard = self.dataset.shard(i)
         (offsets, data), _ = shard.sources[COLUMN]
         tokens = np.frombuffer(data, dtype=self.dtype) if len(data) else np.empty(0, self.dtype)
@@ -147,5 +147,5 @@ def token_source(data: Any) -> TokenSource:
         return DatasetTokens(data)
     raise TypeError(
         f"chute.tokens.sequences reads a token dataset (chute.tokens.write, chute.open), a path to one, or "
-        f"chute.tokens.megatron(...) / chute.tokens.numpy_tokens(...), got {type(data).__name__}"
+        f"chute.tokens.megatron(...) / chute.tokens.flat(...), got {type(data).__name__}"
     )
