@@ -22,8 +22,11 @@ Loader is a warm-up; the rate is that of the next ones.
 ``r`` of ``world_size=processes``: ``sequences`` of seq_len 2048 (concat and
 documents), a shuffled Loader, its first batch. Before the barrier each process
 reads one batch of a tiny corpus, so chute's modules are loaded (imports are not
-opening). Prints each process's time from the barrier to its first batch and
-its RSS (total and anonymous) after it.
+opening). Prints each process's time from the barrier to its Loader (opening:
+manifest, view, Loader) and to its first batch, and its RSS (total and
+anonymous) after it; with the shard checks of ``chute.open`` on (the default:
+the first read of a shard checks its structure, O(its documents), and its
+checksum once per machine) and off (``verify=False``).
 
     python benchmarks/tokens.py --part throughput --repeats 5
     python benchmarks/tokens.py --part startup --documents 100000000 --processes 8
@@ -164,7 +167,7 @@ def rss() -> tuple[int, int]:
     return values["VmRSS"], values["RssAnon"]
 
 
-def _rank(path: str, warmup: str, pack: str, rank: int, world: int, barrier, results) -> None:
+def _rank(path: str, warmup: str, pack: str, verify: bool, rank: int, world: int, barrier, results) -> None:
     import chute as c
 
     # Before the barrier, so the clock starts when every process is ready: chute's modules (they load on
@@ -173,12 +176,13 @@ def _rank(path: str, warmup: str, pack: str, rank: int, world: int, barrier, res
     before = rss()
     barrier.wait()
     start = time.perf_counter()
-    view = c.tokens.sequences(path, SEQ_LEN, pack=pack)
+    view = c.tokens.sequences(c.open(path, verify=verify), SEQ_LEN, pack=pack)
     loader = c.Loader(view, BATCH, shuffle=True, seed=0, rank=rank, world_size=world, workers=1)
+    opened = time.perf_counter() - start
     batch = next(iter(loader))
     took = time.perf_counter() - start
     after = rss()
-    results.put((rank, took, after[0], after[1], after[1] - before[1], int(batch["input_ids"].numel())))
+    results.put((rank, took, after[0], after[1], after[1] - before[1], opened, int(batch["input_ids"].numel())))
     loader.close()
 
 
@@ -190,17 +194,18 @@ def startup(args: argparse.Namespace) -> None:
     print(f"corpus: {len(ds):,} documents, {ds.metadata['tokens']['tokens']:,} tokens, {len(ds.shards)} shards, "
           f"{ds.nbytes / 2**30:.1f} GiB")
     ctx = mp.get_context("spawn")
-    for pack in ("concat", "documents"):
+    for pack, verify in (("concat", True), ("documents", True), ("concat", False), ("documents", False)):
         for r in range(args.repeats):
             barrier, results = ctx.Barrier(args.processes), ctx.Queue()
-            procs = [ctx.Process(target=_rank, args=(path, warmup, pack, k, args.processes, barrier, results)) for k in range(args.processes)]
+            procs = [ctx.Process(target=_rank, args=(path, warmup, pack, verify, k, args.processes, barrier, results)) for k in range(args.processes)]
             for p in procs:
                 p.start()
             got = sorted(results.get() for _ in procs)
             for p in procs:
                 p.join()
             times = [g[1] for g in got]
-            print(f"{pack} run {r}: time to first batch median {statistics.median(times):.3f} s, max {max(times):.3f} s; "
+            print(f"{pack} verify={verify} run {r}: opening (manifest, view, Loader) median "
+                  f"{statistics.median(g[5] for g in got):.3f} s; time to first batch median {statistics.median(times):.3f} s, max {max(times):.3f} s; "
                   f"RSS per process median {statistics.median(g[2] for g in got) / 2**20:.0f} MiB "
                   f"(anonymous {statistics.median(g[3] for g in got) / 2**20:.0f} MiB, "
                   f"of which opening + first batch {statistics.median(g[4] for g in got) / 2**20:.1f} MiB)", flush=True)

@@ -215,41 +215,52 @@ done:
  * tokens: a document that fits what is left of the current sequence joins it; one that
  * does not closes it (the rest is padding) and starts the next; a document longer than L
  * fills whole sequences of L and its remainder starts the next one. Every sequence is a
- * contiguous range of the tokens, so the plan is their boundaries. Writes the boundaries to
- * `out` (count + 1 of them) when it is not NULL; returns the number of sequences. */
-static int64_t plan(const char *off, Py_ssize_t m, int64_t L, int64_t *out)
+ * contiguous range of the tokens, so the plan is their boundaries: the first `cap` of them
+ * are written to `out` (none when cap is 0). One pass, which also checks the offsets never
+ * decrease: returns the number of sequences, or -1 with *bad set to the first document
+ * whose end is before its start. */
+static int64_t plan(const char *off, Py_ssize_t m, int64_t L, int64_t *out, int64_t cap, Py_ssize_t *bad)
 {
     int64_t start = ch_ld64(off), fill = 0, count = 0;
-    if (out != NULL)
+    if (start < 0) {
+        *bad = 0;
+        return -1;
+    }
+    if (cap > 0)
         out[0] = start;
+#define EMIT(value)                        \
+    do {                                   \
+        count++;                           \
+        if (count < cap)                   \
+            out[count] = (value);          \
+    } while (0)
+    int64_t doc = start;
     for (Py_ssize_t d = 0; d < m; d++) {
-        int64_t doc = ch_ld64(off + 8 * d), len = ch_ld64(off + 8 * (d + 1)) - doc;
-        if (len == 0)
-            continue;
-        if (len <= L - fill) {
-            fill += len;
-            continue;
+        int64_t next = ch_ld64(off + 8 * (d + 1)), len = next - doc;
+        if (len < 0) {
+            *bad = d;
+            return -1;
         }
-        if (fill > 0) {
-            count++;
-            if (out != NULL)
-                out[count] = doc;
+        if (len > 0) {
+            if (len <= L - fill) {
+                fill += len;
+            } else {
+                if (fill > 0)
+                    EMIT(doc);
+                start = doc;
+                while (len > L) {
+                    start += L;
+                    len -= L;
+                    EMIT(start);
+                }
+                fill = len;
+            }
         }
-        start = doc;
-        while (len > L) {
-            start += L;
-            len -= L;
-            count++;
-            if (out != NULL)
-                out[count] = start;
-        }
-        fill = len;
+        doc = next;
     }
-    if (fill > 0) {
-        count++;
-        if (out != NULL)
-            out[count] = start + fill;
-    }
+    if (fill > 0)
+        EMIT(start + fill);
+#undef EMIT
     return count;
 }
 
@@ -260,7 +271,7 @@ PyObject *ch_tokens_plan(PyObject *module, PyObject *const *args, Py_ssize_t nar
     if (ch_parse_args("tokens_plan", args, nargs, kwnames, names, 2, a) < 0)
         return NULL;
     Py_buffer dv = {0}, ov = {0};
-    Py_ssize_t m = 0, nout = 0;
+    Py_ssize_t m = 0, nout = 0, bad = 0;
     int64_t seq_len;
     PyObject *result = NULL;
     if (ch_int_arg(a[1], 1, INT32_MAX, "seq_len", &seq_len) < 0)
@@ -274,27 +285,15 @@ PyObject *ch_tokens_plan(PyObject *module, PyObject *const *args, Py_ssize_t nar
     m -= 1;
     if (a[2] != NULL && a[2] != Py_None && ch_int_buffer(a[2], &ov, 8, 1, 1, "out", &nout) < 0)
         goto done;
-    const char *off = dv.buf;
-    int ok = 1;
-    Py_ssize_t bad = 0;
-    int64_t count;
     PyThreadState *released = m >= 8192 ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t d = 0; d < m && ok; d++) { /* the packing below relies on it */
-        if (ch_ld64(off + 8 * (d + 1)) < ch_ld64(off + 8 * d)) {
-            ok = 0;
-            bad = d;
-        }
-    }
-    count = ok && ch_ld64(off) >= 0 ? plan(off, m, seq_len, NULL) : -1;
-    if (count >= 0 && ov.obj != NULL && nout == count + 1)
-        plan(off, m, seq_len, ov.buf);
+    int64_t count = plan(dv.buf, m, seq_len, ov.obj != NULL ? ov.buf : NULL, ov.obj != NULL ? nout : 0, &bad);
     if (released != NULL)
         PyEval_RestoreThread(released);
     if (count < 0) {
         PyErr_Format(PyExc_ValueError, "document offsets decrease at document %zd (or start below 0)", bad);
         goto done;
     }
-    if (ov.obj != NULL && nout != count + 1) {
+    if (ov.obj != NULL && nout != count + 1) { /* out is then partly written: the caller's scratch, not data */
         PyErr_Format(PyExc_ValueError, "out holds %zd entries, the plan needs %lld", nout, (long long)count + 1);
         goto done;
     }

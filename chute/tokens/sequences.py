@@ -182,13 +182,14 @@ class Sequences:
                 return
             rows = self.shards[i].rows
             plan = np.empty(rows + 1, dtype=np.int64)
-            count = _plan(self.source, i, offsets, self.seq_len, None)
-            if count != rows:
+            try:  # one native pass: checks the offsets, counts and fills the plan
+                _native.tokens_plan(offsets, self.seq_len, plan)
+            except ValueError:
+                count = _plan(self.source, i, offsets, self.seq_len, None)  # damaged offsets raise ShardError here
                 raise ShardError(
                     f"{self.source.root}: shard {self.shards[i].file} packs into {count} sequences of "
                     f"{self.seq_len} tokens, its description says {rows}; write the dataset again"
-                )
-            _plan(self.source, i, offsets, self.seq_len, plan)
+                ) from None
             self._sources[i] = (tokens, offsets, plan)
 
     def _unmap(self, i: int) -> None:

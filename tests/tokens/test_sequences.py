@@ -177,3 +177,12 @@ def test_resume_on_another_world_size_and_worker_kind_is_exact(positions, pack):
     delivered += rest[0] + rest[1]
     assert set(delivered) == first_tokens
     assert len(delivered) - len(view) < 2 * 5  # the last step's padding repeats the epoch's first sequences
+
+
+def test_device_stage_carries_packed_batches(corpus):
+    ds, _ = corpus
+    view = chute.tokens.sequences(ds, 32, pack="documents")
+    host = list(chute.Loader(view, 4, shuffle=True, seed=6, workers=1))
+    moved = list(chute.Loader(view, 4, shuffle=True, seed=6, workers=1, device="cpu"))
+    assert len(host) == len(moved)
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(host, moved) for k in a)
