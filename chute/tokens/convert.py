@@ -1,0 +1,189 @@
+"""``chute.tokens.convert``: a text corpus tokenized into a token dataset (``chute convert --tokenizer``).
+
+The corpus is read in this process as chunks of about 1 MiB of text
+(:mod:`chute.tokens._text_sources`); worker processes (or Ray tasks) parse and
+tokenize the chunks (:mod:`chute.tokens._tokenize`); results come back in
+chunk order, so the dataset is the same bytes whatever the number of workers.
+At most two chunks per worker are in flight, so memory stays flat however big
+the corpus. This process writes the documents with :func:`chute.tokens.write`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+import chute
+from chute.sources._parallel import OrderedPool, resolve_workers
+from chute.sources._progress import Progress
+from chute.tokens._text_sources import CHUNK_BYTES, TextSource, open_text_source
+from chute.tokens._tokenize import Tokenized, setup_worker, tokenize_chunk, tokenize_in_worker
+from chute.tokens._tokenizer import Encoder, check_picklable, encoder_eos, load_tokenizer
+
+DEFAULT_SHARD_SIZE = "128MB"
+
+
+@dataclasses.dataclass
+class Counts:
+    """What a conversion read and wrote."""
+
+    documents: int = 0  # documents read
+    written: int = 0  # documents written
+    empty: int = 0  # documents with no tokens (skipped unless keep_empty)
+    tokens: int = 0  # tokens written, end-of-document tokens included
+
+    def summary(self, keep_empty: bool) -> str:
+        text = f"{self.written:,} documents, {self.tokens:,} tokens"
+        if self.empty:
+            what = "kept" if keep_empty else "skipped (keep_empty=True, --keep-empty, keeps them)"
+            text += f"; {self.empty:,} empty document(s) {what}"
+        return text
+
+
+def convert(
+    source: Any,
+    out: str | os.PathLike,
+    *,
+    tokenizer: Any,
+    text_key: str = "text",
+    eos: bool = False,
+    eos_id: int | None = None,
+    keep_empty: bool = False,
+    kind: str | None = None,
+    split: str | None = None,
+    vocab_size: int | None = None,
+    workers: int | None = None,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    overwrite: bool = False,
+    compression: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    ray: str | None = None,
+    start_method: str | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> chute.Dataset:
+    """Tokenize the text corpus ``source`` into a token dataset at ``out`` and open it.
+
+    ``source``: JSON lines (``.jsonl``, also ``.gz``/``.zst``/``.bz2``/``.xz``), Parquet or
+    Arrow files, a folder of ``.txt`` files (one document each), a Hugging Face dataset
+    (a ``save_to_disk`` folder, a folder of its Parquet files, or a ``datasets.Dataset``),
+    a folder of any one of these, a glob or a list. ``kind`` (``jsonl``, ``arrow``,
+    ``hf``, ``txt``) overrides detection; ``split`` picks a split of a Hugging Face dataset.
+    ``text_key`` is the JSON key or column holding each document's text.
+
+    ``tokenizer``: a path to a Hugging Face ``tokenizer.json`` (or its folder), a
+    tiktoken encoding name (``cl100k_base``; tiktoken needs its BPE file: see
+    docs/tokens-convert.md), a ``tokenizers.Tokenizer``, a ``tiktoken.Encoding``, or a
+    function ``text -> token ids`` (a top-level function when ``workers`` > 1). The
+    vocabulary size (the tokenizer's, or ``vocab_size``) picks uint16 or uint32 storage.
+
+    ``eos`` appends the tokenizer's end-of-document token to every document
+    (``eos_id`` names it, and implies ``eos``). Documents with no tokens are counted
+    and skipped, unless ``keep_empty``. ``workers`` tokenizer processes (default: one
+    per CPU; 0 or 1: in this process); ``ray`` (an address: ``auto``, ``local``,
+    ``ray://host:10001``) tokenizes with Ray tasks instead. Either way the dataset is
+    the same bytes. If anything fails, nothing valid is left at ``out``.
+    """
+    dataset, _ = convert_counted(
+        source, out, tokenizer=tokenizer, text_key=text_key, eos=eos, eos_id=eos_id, keep_empty=keep_empty, kind=kind,
+        split=split, vocab_size=vocab_size, workers=workers, shard_size=shard_size, overwrite=overwrite,
+        compression=compression, storage_options=storage_options, progress=progress, ray=ray,
+        start_method=start_method, chunk_bytes=chunk_bytes,
+    )
+    return dataset
+
+
+def convert_counted(
+    source: Any,
+    out: str | os.PathLike,
+    *,
+    tokenizer: Any,
+    text_key: str = "text",
+    eos: bool = False,
+    eos_id: int | None = None,
+    keep_empty: bool = False,
+    kind: str | None = None,
+    split: str | None = None,
+    vocab_size: int | None = None,
+    workers: int | None = None,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    overwrite: bool = False,
+    compression: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    ray: str | None = None,
+    start_method: str | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> tuple[chute.Dataset, Counts]:
+    """:func:`convert`, also returning what it read and wrote (``chute convert`` prints it)."""
+    encoder = load_tokenizer(tokenizer, vocab_size=vocab_size)
+    end = encoder_eos(encoder, eos, eos_id)
+    text = open_text_source(source, text_key=text_key, kind=kind, split=split)
+    counts = Counts()
+    bar = Progress(text.documents, f"chute convert (tokenize {text.kind})", enabled=progress, unit="documents")
+    metadata = {"source": {**text.metadata(), "tokenizer": encoder.name}}
+    with bar:
+        with _tokenized(text, encoder, keep_empty, workers, ray, start_method, chunk_bytes) as results:
+            dataset = _write_tokens(
+                _documents(results, counts, bar, end), out, vocab_size=encoder.vocab_size, eos_id=end,
+                shard_size=shard_size, metadata=metadata, overwrite=overwrite, compression=compression,
+                storage_options=storage_options,
+            )
+        if counts.empty:
+            bar.note(f"{counts.empty:,} of {counts.documents:,} documents were empty (no tokens): "
+                     + ("kept" if keep_empty else "skipped (keep them with --keep-empty / keep_empty=True)"))
+    return dataset, counts
+
+
+def _documents(results: Iterable[Tokenized], counts: Counts, bar: Progress, eos_id: int | None) -> Iterator[np.ndarray]:
+    """Each kept document's tokens, in order, counting as they go by."""
+    for result in results:
+        counts.documents += result.documents
+        counts.empty += result.empty
+        counts.written += len(result.lengths)
+        counts.tokens += int(result.tokens.size) + (len(result.lengths) if eos_id is not None else 0)
+        cuts = np.cumsum(result.lengths)[:-1]
+        yield from np.split(result.tokens, cuts) if len(result.lengths) else ()
+        bar.update(result.documents)
+
+
+class _tokenized:
+    """Context manager: the chunks of ``text`` tokenized, in order, by a pool of processes, Ray, or this process."""
+
+    def __init__(
+        self, text: TextSource, encoder: Encoder, keep_empty: bool, workers: int | None, ray: str | None,
+        start_method: str | None, chunk_bytes: int,
+    ) -> None:
+        self.text, self.encoder, self.keep_empty, self.ray = text, encoder, keep_empty, ray
+        self.chunk_bytes = chunk_bytes
+        self.workers = resolve_workers(workers)
+        if ray is not None or self.workers > 1:
+            check_picklable(encoder)
+        self.pool = OrderedPool(self.workers, start_method=start_method, setup=setup_worker, setup_args=(encoder, keep_empty))
+
+    def __enter__(self) -> Iterator[Tokenized]:
+        chunks = self.text.chunks(self.chunk_bytes)
+        if self.ray is not None:
+            from chute.tokens._ray_tokenize import tokenize_on_ray
+
+            return tokenize_on_ray(chunks, self.encoder, self.keep_empty, self.ray)
+        pool = self.pool.__enter__()
+        fn = tokenize_in_worker if pool.workers > 1 else functools.partial(tokenize_chunk, self.encoder, self.keep_empty)
+        return pool.map(fn, chunks)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.ray is None:
+            self.pool.__exit__(exc_type, exc, tb)
+
+
+def _write_tokens(docs: Iterable[np.ndarray], out: str | os.PathLike, **options: Any) -> chute.Dataset:
+    try:
+        from chute.tokens import write
+    except ImportError:  # until branch tokens is merged
+        from chute.tokens._standin import write
+    return write(docs, out, **options)
