@@ -51,6 +51,7 @@ _EXPORTS = {
     "sample_rng": "chute.pipeline.randomness",
     "sample_seed": "chute.pipeline.randomness",
     "images": "chute.images",  # a subpackage: the name is the module itself
+    "tokens": "chute.tokens",  # a subpackage: the name is the module itself
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -123,7 +123,10 @@ class ShardWriter:
         """Write the shard being built, if it has rows."""
         if self.rows == 0:
             return
-        batch = pa.record_batch([b.finish() for _, b in self.builders], schema=self.arrow_schema)
+        self.write_batch(pa.record_batch([b.finish() for _, b in self.builders], schema=self.arrow_schema))
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Write ``batch`` (of this writer's schema) as the next shard, whole."""
         name = f"{self.prefix}{len(self.shards):05d}.{self.token}.arrow"
         final = os.path.join(self.root, name)
         tmp = os.path.join(self.root, f".{name}{TMP_SUFFIX}")
@@ -138,7 +141,7 @@ class ShardWriter:
         digest = checksum_file(tmp, self.checksum)
         os.replace(tmp, final)
         self.tmp_files.discard(tmp)
-        info = ShardInfo(name, self.rows, size, digest)
+        info = ShardInfo(name, batch.num_rows, size, digest)
         if self.upload is not None:
             try:
                 info = self.upload.put(final, info)

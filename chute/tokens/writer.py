@@ -1,0 +1,272 @@
+"""Writing a token dataset: documents of token ids in, a chute dataset out.
+
+A token dataset is an ordinary chute dataset (docs/format.md, "Token
+datasets") with one column, ``tokens``, a :class:`chute.Ragged` column of
+the narrowest unsigned dtype that holds the vocabulary (``uint16`` up to
+65,536 ids, else ``uint32``) and one row per document. In each shard that is
+one flat token buffer plus the documents' int64 offsets (Arrow's
+``large_list``), both memory-mapped by readers. The manifest's metadata key
+``"tokens"`` records the dtype, vocabulary, end-of-document id and the number
+of tokens of every shard, so a reader learns where each shard's tokens sit in
+the corpus from the manifest alone (O(shards), no shard opened).
+
+Writing goes through :class:`chute.Writer` (lock, temporary names, checksums,
+manifest last, remote upload), so a token dataset is as atomic as any other.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from chute.errors import ChuteError, SchemaError
+from chute.format.manifest import Manifest
+from chute.format.schema import Ragged, Schema
+from chute.format.writer import ShardWriter, Writer
+from chute._sizes import parse_size
+
+__all__ = ["TokenWriter", "write", "METADATA_KEY", "COLUMN", "dtype_for"]
+
+METADATA_KEY = "tokens"
+COLUMN = "tokens"
+DEFAULT_SHARD_SIZE = "128MB"
+_UINT16_IDS = 1 << 16
+_UINT32_IDS = 1 << 32
+
+
+def dtype_for(vocab_size: int) -> str:
+    """The narrowest unsigned dtype that holds token ids ``0 .. vocab_size - 1``."""
+    if vocab_size <= _UINT16_IDS:
+        return "uint16"
+    if vocab_size <= _UINT32_IDS:
+        return "uint32"
+    raise SchemaError(f"a vocabulary of {vocab_size} ids does not fit uint32; token datasets hold at most 2**32 ids")
+
+
+class _TokenShards(ShardWriter):
+    """A :class:`ShardWriter` fed whole documents (arrays), building each shard with a few numpy calls."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.numpy = np.dtype(self.schema[COLUMN].dtype)
+        self.parts: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
+        self.shard_tokens: list[int] = []
+
+    def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Documents ``lengths`` (int64) whose tokens are ``flat`` one after the other (already checked)."""
+        itemsize = self.numpy.itemsize
+        while len(lengths):
+            room = max(0, self.shard_size - self.bytes)
+            ends = np.cumsum(lengths * itemsize + 8)
+            take = int(np.searchsorted(ends, room, side="left")) + 1  # the document that fills the shard goes in it
+            take = min(take, len(lengths))
+            count = int(lengths[:take].sum())
+            self.parts.append(flat[:count].astype(self.numpy, copy=False))
+            self.lengths.append(lengths[:take])
+            self.rows += take
+            self.bytes += int(ends[take - 1])
+            flat, lengths = flat[count:], lengths[take:]
+            if self.bytes >= self.shard_size:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.rows == 0:
+            return
+        lengths = np.concatenate(self.lengths)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.concatenate(self.parts) if self.parts else np.empty(0, self.numpy)
+        column = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
+        self.write_batch(pa.record_batch([column], schema=self.arrow_schema))
+        self.shard_tokens.append(int(offsets[-1]))
+        self.parts, self.lengths, self.rows, self.bytes = [], [], 0, 0
+
+    def discard(self) -> None:
+        super().discard()
+        self.shard_tokens.clear()
+
+
+class TokenWriter:
+    """Writes documents of token ids into a token dataset at ``path``; see :func:`write`.
+
+    Use as a context manager (an exception discards everything written)::
+
+        with chute.tokens.TokenWriter("/data/corpus", vocab_size=50257, eos_id=50256) as w:
+            for ids in documents:
+                w.append(ids)
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        vocab_size: int | None = None,
+        eos_id: int | None = None,
+        shard_size: int | str = DEFAULT_SHARD_SIZE,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        compression: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        durable: bool = True,
+    ) -> None:
+        if vocab_size is not None:
+            vocab_size = int(vocab_size)
+            if vocab_size < 1:
+                raise ValueError(f"vocab_size must be at least 1, got {vocab_size}")
+        if eos_id is not None:
+            eos_id = int(eos_id)
+            if eos_id < 0 or (vocab_size is not None and eos_id >= vocab_size):
+                raise ValueError(f"eos_id {eos_id} is not a token id of a vocabulary of {vocab_size} ids")
+        metadata = dict(metadata or {})
+        if METADATA_KEY in metadata:
+            raise ValueError(f"metadata key {METADATA_KEY!r} is reserved for the token dataset's description")
+        self.vocab_size, self.eos_id = vocab_size, eos_id
+        self.shard_size = max(1, parse_size(shard_size))
+        self._writer = Writer(
+            path, shard_size=self.shard_size, metadata=metadata, overwrite=overwrite, compression=compression,
+            storage_options=storage_options, durable=durable,
+        )
+        self.url = self._writer.url
+        self.dtype: str | None = None
+        self._limit = vocab_size  # token ids must be below this
+        self._shards: _TokenShards | None = None
+        self._pending: list[np.ndarray] = []  # before the dtype is known (no vocab_size): the first shard's documents
+        self._pending_bytes = 0
+        self.documents = 0
+        self.tokens = 0
+        if vocab_size is not None:
+            self._start(dtype_for(vocab_size))
+
+    def __enter__(self) -> TokenWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _start(self, dtype: str) -> None:
+        self.dtype = dtype
+        if self._limit is None:
+            self._limit = _UINT16_IDS if dtype == "uint16" else _UINT32_IDS
+        w = self._writer
+        schema = Schema.from_dict({COLUMN: Ragged(dtype)})
+        w._set_schema(schema)
+        w.part = self._shards = _TokenShards(
+            w.root, schema, token=w.token, shard_size=w.shard_size, checksum=w.checksum, durable=w.durable, upload=w.upload,
+        )
+
+    def _check(self, doc: Any) -> np.ndarray:
+        """Document ``doc`` as a 1-D int64 array with its end token, or SchemaError naming it."""
+        position = self.documents
+        if hasattr(doc, "detach"):  # a torch tensor
+            doc = doc.detach().cpu().numpy()
+        array = np.asarray(doc)
+        if array.ndim != 1:
+            raise SchemaError(
+                f"document {position} is a {array.ndim}-D array of shape {array.shape}; chute.tokens.write takes "
+                "1-D arrays of token ids, one per document"
+            )
+        if array.size and not (np.issubdtype(array.dtype, np.integer) and array.dtype != np.bool_):
+            raise SchemaError(f"document {position} holds {array.dtype} values; token ids must be integers")
+        array = array.astype(np.int64, copy=False)
+        if array.size:
+            lo, hi = int(array.min()), int(array.max())
+            if lo < 0:
+                raise SchemaError(f"document {position} holds token id {lo}; token ids cannot be negative")
+            if self._limit is not None and hi >= self._limit:
+                if self.vocab_size is not None:
+                    raise SchemaError(f"document {position} holds token id {hi}, outside the vocabulary of {self.vocab_size} ids")
+                raise SchemaError(
+                    f"document {position} holds token id {hi}, which does not fit the {self.dtype} chosen from the "
+                    f"first shard's tokens; pass vocab_size= so the dtype is chosen from the vocabulary"
+                )
+        if self.eos_id is not None:
+            array = np.append(array, np.int64(self.eos_id))
+        return array
+
+    def append(self, doc: Any) -> None:
+        """Add one document (a 1-D array of token ids)."""
+        if self._writer.closed:
+            raise ChuteError(f"the token writer for {self.url} is closed")
+        array = self._check(doc)
+        self.documents += 1
+        self.tokens += len(array)
+        if self._shards is None:
+            self._pending.append(array)
+            self._pending_bytes += 4 * len(array) + 8
+            if self._pending_bytes >= self.shard_size:
+                self._decide()
+            return
+        self._shards.add(array, np.array([len(array)], dtype=np.int64))
+
+    def _decide(self) -> None:
+        """No vocab_size: the dtype from the largest token seen so far; then write what waited."""
+        pending, self._pending = self._pending, []
+        hi = max((int(a.max()) for a in pending if a.size), default=0)
+        self._start("uint16" if hi < _UINT16_IDS else "uint32")
+        if pending:
+            self._shards.add(np.concatenate(pending), np.array([len(a) for a in pending], dtype=np.int64))
+
+    def close(self) -> Manifest:
+        """Write the last shard and the manifest; the dataset is valid from here on."""
+        try:
+            if self._shards is None:
+                self._decide()
+            self._shards.flush()
+            self._writer.metadata[METADATA_KEY] = {
+                "version": 1,
+                "dtype": self.dtype,
+                "vocab_size": self.vocab_size,
+                "eos_id": self.eos_id,
+                "documents": self.documents,
+                "tokens": self.tokens,
+                "shard_tokens": list(self._shards.shard_tokens),
+            }
+        except BaseException:
+            self.abort()
+            raise
+        return self._writer.close()
+
+    def abort(self) -> None:
+        """Discard everything this writer wrote; a previous dataset at the path stays valid."""
+        self._writer.abort()
+
+
+def write(
+    docs: Iterable[Any],
+    path: str | os.PathLike,
+    *,
+    vocab_size: int | None = None,
+    eos_id: int | None = None,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    compression: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Any:
+    """Write documents of token ids (1-D integer arrays, one per document) as a token dataset at ``path``; open it.
+
+    The tokens are stored as ``uint16`` when ``vocab_size <= 65536``, else
+    ``uint32`` (no ``vocab_size``: chosen from the largest id of the first
+    shard). ``eos_id``, if given, is appended to every document as it is
+    stored. ``path`` may be a local directory or a writable URL
+    (``s3://...``), exactly as for :func:`chute.write`, and the result is the
+    same: the written dataset, opened (``ds[i]["tokens"]`` is document ``i``).
+    Read it as fixed-length training samples with :func:`chute.tokens.sequences`.
+    """
+    with TokenWriter(
+        path, vocab_size=vocab_size, eos_id=eos_id, shard_size=shard_size, metadata=metadata, overwrite=overwrite,
+        compression=compression, storage_options=storage_options,
+    ) as writer:
+        for doc in docs:
+            writer.append(doc)
+    from chute.storage.open import open_dataset
+
+    return open_dataset(writer.url, storage_options=storage_options)
