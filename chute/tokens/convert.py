@@ -24,6 +24,7 @@ from chute.sources._progress import Progress
 from chute.tokens._text_sources import CHUNK_BYTES, TextSource, open_text_source
 from chute.tokens._tokenize import Tokenized, setup_worker, tokenize_chunk, tokenize_in_worker
 from chute.tokens._tokenizer import Encoder, check_picklable, encoder_eos, load_tokenizer
+from chute.tokens.writer import write
 
 DEFAULT_SHARD_SIZE = "128MB"
 
@@ -129,7 +130,7 @@ def convert_counted(
     metadata = {"source": {**text.metadata(), "tokenizer": encoder.name}}
     with bar:
         with _tokenized(text, encoder, keep_empty, workers, ray, start_method, chunk_bytes) as results:
-            dataset = _write_tokens(
+            dataset = write(
                 _documents(results, counts, bar, end), out, vocab_size=encoder.vocab_size, eos_id=end,
                 shard_size=shard_size, metadata=metadata, overwrite=overwrite, compression=compression,
                 storage_options=storage_options,
@@ -180,10 +181,3 @@ class _tokenized:
         if self.ray is None:
             self.pool.__exit__(exc_type, exc, tb)
 
-
-def _write_tokens(docs: Iterable[np.ndarray], out: str | os.PathLike, **options: Any) -> chute.Dataset:
-    try:
-        from chute.tokens import write
-    except ImportError:  # until branch tokens is merged
-        from chute.tokens._standin import write
-    return write(docs, out, **options)
