@@ -38,12 +38,12 @@ class Counts:
     empty: int = 0  # documents with no tokens (skipped unless keep_empty)
     tokens: int = 0  # tokens written, end-of-document tokens included
 
-    def summary(self, keep_empty: bool) -> str:
-        text = f"{self.written:,} documents, {self.tokens:,} tokens"
-        if self.empty:
-            what = "kept" if keep_empty else "skipped (keep_empty=True, --keep-empty, keeps them)"
-            text += f"; {self.empty:,} empty document(s) {what}"
-        return text
+    def empty_note(self, keep_empty: bool) -> str:
+        """What happened to the empty documents ('' when there were none)."""
+        if not self.empty:
+            return ""
+        what = "kept" if keep_empty else "skipped (keep them with --keep-empty / keep_empty=True)"
+        return f"{self.empty:,} of {self.documents:,} documents were empty (no tokens): {what}"
 
 
 def convert(
@@ -136,8 +136,7 @@ def convert_counted(
                 storage_options=storage_options,
             )
         if counts.empty:
-            bar.note(f"{counts.empty:,} of {counts.documents:,} documents were empty (no tokens): "
-                     + ("kept" if keep_empty else "skipped (keep them with --keep-empty / keep_empty=True)"))
+            bar.note(counts.empty_note(keep_empty))
     return dataset, counts
 
 
