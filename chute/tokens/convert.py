@@ -87,7 +87,8 @@ def convert(
     (``eos_id`` names it, and implies ``eos``). Documents with no tokens are counted
     and skipped, unless ``keep_empty``. ``workers`` tokenizer processes (default: one
     per CPU; 0 or 1: in this process); ``ray`` (an address: ``auto``, ``local``,
-    ``ray://host:10001``) tokenizes with Ray tasks instead. Either way the dataset is
+    ``ray://host:10001``) tokenizes with Ray actors instead (``workers`` of them, default
+    one per CPU of the cluster; ``chute[ray]``). Either way the dataset is
     the same bytes. If anything fails, nothing valid is left at ``out``.
     """
     dataset, _ = convert_counted(
@@ -161,6 +162,7 @@ class _tokenized:
     ) -> None:
         self.text, self.encoder, self.keep_empty, self.ray = text, encoder, keep_empty, ray
         self.chunk_bytes = chunk_bytes
+        self.actors = workers  # with Ray: None is one per CPU of the cluster
         self.workers = resolve_workers(workers)
         if ray is not None or self.workers > 1:
             check_picklable(encoder)
@@ -171,12 +173,15 @@ class _tokenized:
         if self.ray is not None:
             from chute.tokens._ray_tokenize import tokenize_on_ray
 
-            return tokenize_on_ray(chunks, self.encoder, self.keep_empty, self.ray)
+            self.results = tokenize_on_ray(chunks, self.encoder, self.keep_empty, self.ray, self.actors or None)
+            return self.results
         pool = self.pool.__enter__()
         fn = tokenize_in_worker if pool.workers > 1 else functools.partial(tokenize_chunk, self.encoder, self.keep_empty)
-        return pool.map(fn, chunks)
+        self.results = pool.map(fn, chunks)
+        return self.results
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self.results.close()  # its clean-up now, not when collected (Ray: the actors end)
         if self.ray is None:
             self.pool.__exit__(exc_type, exc, tb)
 
