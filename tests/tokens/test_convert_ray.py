@@ -8,10 +8,21 @@ import pytest
 
 from chute.errors import ChuteError
 from chute.tokens.convert import convert
-from tests.ray.conftest import local_ray  # noqa: F401  (fixture)
 from tests.tokens.text_corpus import TEXTS, train_tokenizer, write_jsonl
 
 pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray of 2 CPUs: the one tests/ray started if it is still up, else one for this module."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=False)
+    yield ray
+    ray.shutdown()
 
 
 def _shard_bytes(ds) -> list[bytes]:
