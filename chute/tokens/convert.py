@@ -10,6 +10,7 @@ the corpus. This process writes the documents with :func:`chute.tokens.write`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -153,35 +154,25 @@ def _documents(results: Iterable[Tokenized], counts: Counts, bar: Progress, eos_
         bar.update(result.documents)
 
 
-class _tokenized:
-    """Context manager: the chunks of ``text`` tokenized, in order, by a pool of processes, Ray, or this process."""
+@contextlib.contextmanager
+def _tokenized(
+    text: TextSource, encoder: Encoder, keep_empty: bool, workers: int | None, ray: str | None,
+    start_method: str | None, chunk_bytes: int,
+) -> Iterator[Iterator[Tokenized]]:
+    """The chunks of ``text`` tokenized, in order: by Ray actors, worker processes, or this process."""
+    chunks = text.chunks(chunk_bytes)
+    if ray is not None:
+        from chute.tokens._ray_tokenize import tokenize_on_ray
 
-    def __init__(
-        self, text: TextSource, encoder: Encoder, keep_empty: bool, workers: int | None, ray: str | None,
-        start_method: str | None, chunk_bytes: int,
-    ) -> None:
-        self.text, self.encoder, self.keep_empty, self.ray = text, encoder, keep_empty, ray
-        self.chunk_bytes = chunk_bytes
-        self.actors = workers  # with Ray: None is one per CPU of the cluster
-        self.workers = resolve_workers(workers)
-        if ray is not None or self.workers > 1:
-            check_picklable(encoder)
-        self.pool = OrderedPool(self.workers, start_method=start_method, setup=setup_worker, setup_args=(encoder, keep_empty))
-
-    def __enter__(self) -> Iterator[Tokenized]:
-        chunks = self.text.chunks(self.chunk_bytes)
-        if self.ray is not None:
-            from chute.tokens._ray_tokenize import tokenize_on_ray
-
-            self.results = tokenize_on_ray(chunks, self.encoder, self.keep_empty, self.ray, self.actors or None)
-            return self.results
-        pool = self.pool.__enter__()
-        fn = tokenize_in_worker if pool.workers > 1 else functools.partial(tokenize_chunk, self.encoder, self.keep_empty)
-        self.results = pool.map(fn, chunks)
-        return self.results
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.results.close()  # its clean-up now, not when collected (Ray: the actors end)
-        if self.ray is None:
-            self.pool.__exit__(exc_type, exc, tb)
-
+        check_picklable(encoder)
+        with contextlib.closing(tokenize_on_ray(chunks, encoder, keep_empty, ray, workers or None)) as results:
+            yield results  # closing: the actors end now, not when the generator is collected
+        return
+    if resolve_workers(workers) > 1:
+        check_picklable(encoder)
+        fn = tokenize_in_worker
+    else:
+        fn = functools.partial(tokenize_chunk, encoder, keep_empty)
+    with OrderedPool(workers, start_method=start_method, setup=setup_worker, setup_args=(encoder, keep_empty)) as pool:
+        with contextlib.closing(pool.map(fn, chunks)) as results:
+            yield results
