@@ -4,7 +4,7 @@ Corpus: --mb MB of synthetic JSON lines (Zipf-distributed pseudo-words, document
 50-2,000 words), made once in --data. Tokenizer: a byte-level BPE of --vocab ids
 trained here on the first 2 MB of the corpus (no download).
 
-  tokenizer   encode_batch over the corpus's texts in this process, nothing else
+  tokenizer   encode_batch_fast over the corpus's texts in this process, nothing else
               (texts already in memory, already parsed: the limit for one process)
   workers=N   chute.tokens.convert(corpus.jsonl, ..., workers=N) end to end: read,
               parse JSON, tokenize (N worker processes; 1 = in this process), write
@@ -100,7 +100,7 @@ def main() -> None:
     tokens = 0
     for _ in range(args.repeats):
         start = time.perf_counter()
-        tokens = sum(len(e.ids) for i in range(0, len(texts), 1000) for e in tokenizer.encode_batch(texts[i : i + 1000]))
+        tokens = sum(len(e.ids) for i in range(0, len(texts), 1000) for e in tokenizer.encode_batch_fast(texts[i : i + 1000]))
         rates["tokenizer"].append(tokens / (time.perf_counter() - start))
     del texts
 

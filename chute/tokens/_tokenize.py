@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 
 import numpy as np
 
@@ -80,8 +81,12 @@ _worker_encoder: tuple[Encoder, bool] | None = None
 
 
 def setup_worker(encoder: Encoder, keep_empty: bool) -> None:
-    """Worker process initializer: keep the tokenizer for every chunk this process tokenizes."""
+    """Worker process initializer: keep the tokenizer for every chunk this process tokenizes.
+
+    One thread per worker: the processes are the parallelism (``tokenizers`` would
+    otherwise start a thread per CPU in every worker)."""
     global _worker_encoder
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # this worker process's own environment
     _worker_encoder = (encoder, keep_empty)
 
 
