@@ -201,6 +201,9 @@ def open_text_source(src: Any, *, text_key: str = "text", kind: str | None = Non
     if kind is None:
         kinds = {_kind_of(f) for f in files}
         kinds.discard(None)
+        if len(kinds) > 1:  # plain .json files beside Parquet or .txt files are metadata, not a corpus
+            files = [f for f in files if not f.lower().endswith(".json")]
+            kinds = {_kind_of(f) for f in files} - {None}
         if len(kinds) > 1:
             raise ChuteError(f"{_name(src)} mixes kinds of text files ({', '.join(sorted(kinds))}); convert them separately or pass kind=")
         if not kinds:

@@ -50,6 +50,8 @@ def _hf_parquet_layout(folder: str) -> str:
     write_parquet(os.path.join(folder, "data", "test-00000-of-00001.parquet"), ["not", "in", "train"])
     with open(os.path.join(folder, "README.md"), "w") as f:
         f.write("# a dataset card\n")
+    with open(os.path.join(folder, "dataset_infos.json"), "w") as f:
+        f.write("{}")
     return folder
 
 
