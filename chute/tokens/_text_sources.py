@@ -181,7 +181,8 @@ class TextSource:
     def metadata(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"kind": self.kind, "text_key": self.text_key}
         if self.files:
-            meta["files"] = [os.path.basename(f) for f in self.files[:1000]]
+            meta["file_count"] = len(self.files)
+            meta["files"] = [os.path.basename(f) for f in self.files[:1000]]  # the first 1,000: a manifest stays small
         return meta
 
 
