@@ -91,7 +91,7 @@ def main() -> None:
     tok_path = train(os.path.join(args.data, f"bpe-{args.vocab}.json"), src, args.vocab)
     print(f"corpus {src}: {os.path.getsize(src) / 1e6:.1f} MB; tokenizer {tok_path}; "
           f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', '(unset: true)')}; {os.cpu_count()} CPUs; "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
 
     with open(src) as f:
         texts = [json.loads(line)["text"] for line in f]
@@ -102,6 +102,7 @@ def main() -> None:
         start = time.perf_counter()
         tokens = sum(len(e.ids) for i in range(0, len(texts), 1000) for e in tokenizer.encode_batch_fast(texts[i : i + 1000]))
         rates["tokenizer"].append(tokens / (time.perf_counter() - start))
+        print(f"  tokenizer alone: {rates['tokenizer'][-1] / 1e6:.3f} M tokens/s", flush=True)
     del texts
 
     out = tempfile.mkdtemp(prefix="chute-tokens-bench-")
@@ -114,6 +115,7 @@ def main() -> None:
                 ds, counts = convert_counted(src, os.path.join(out, "ds"), tokenizer=tok_path, eos=True, workers=workers,
                                              overwrite=True, progress=False)
                 rates[name].append(counts.tokens / (time.perf_counter() - start))
+                print(f"  {name}: {rates[name][-1] / 1e6:.3f} M tokens/s (load average {os.getloadavg()[0]:.1f})", flush=True)
                 ds.close()
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -122,8 +124,8 @@ def main() -> None:
     print(f"{tokens:,} tokens per pass; median of {args.repeats} runs")
     for name, values in rates.items():
         median = statistics.median(values)
-        print(f"  {name:12s} {median / 1e6:7.2f} M tokens/s  ({median / base:4.2f}x the tokenizer alone; "
-              f"runs {', '.join(f'{v / 1e6:.2f}' for v in values)})")
+        print(f"  {name:12s} {median / 1e6:7.3f} M tokens/s  ({median / base:4.2f}x the tokenizer alone; "
+              f"runs {', '.join(f'{v / 1e6:.3f}' for v in values)})")
 
 
 if __name__ == "__main__":
