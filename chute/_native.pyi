@@ -80,3 +80,18 @@ def dicts_from_values(entry_offsets: Buffer, key_offsets: Buffer, key_data: Buff
 
 def feistel(n: int, half: int, round_keys: Sequence[int], out: Buffer) -> None:
     """Fill the int64 buffer ``out`` (n items) with ``chute.order``'s Feistel permutation of ``range(n)``."""
+
+def tokens_window(
+    indices: Buffer, seq_len: int, starts: Buffer, sources: Sequence[tuple[Buffer, int] | None], itemsize: int,
+    input_ids: Buffer, labels: Buffer,
+) -> None:
+    """``pack="concat"`` windows: window ``w`` is ``stream[w*L : w*L + L + 1]`` of the shards' tokens, widened to int64."""
+
+def tokens_plan(doc_offsets: Buffer, seq_len: int, out: Buffer | None = None) -> int:
+    """The number of sequences of next-fit packing of the documents; with ``out``: their boundaries."""
+
+def tokens_packed(
+    indices: Buffer, offsets: Buffer, sources: Sequence[tuple[Buffer, Buffer, Buffer] | None], itemsize: int,
+    seq_len: int, pad_id: int, input_ids: Buffer, labels: Buffer, position_ids: Buffer, cu_seqlens: Buffer,
+) -> int:
+    """``pack="documents"`` rows, padded, with labels, position ids and cu_seqlens; the length of cu_seqlens."""

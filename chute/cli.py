@@ -386,7 +386,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_at_least(1), default=None, help="worker processes, for the /dev/shm estimate (default: CPUs, at most 8)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(run=_doctor)
+
+    # chute which (docs/tokens.md): the documents and token ranges that fed a step, per rank
+    p = sub.add_parser("which", help="list, per rank, the documents and token ranges that fed step N of a token dataset")
+    p.add_argument("dataset", help="a token dataset (chute.tokens.write / chute convert --tokenizer)")
+    p.add_argument("--step", type=_at_least(0), required=True, help="the step (counted from the epoch's start)")
+    p.add_argument("--batch-size", type=_at_least(1), required=True, help="sequences per batch on each rank")
+    p.add_argument("--seq-len", type=_at_least(1), required=True, help="tokens per sequence")
+    p.add_argument("--world-size", type=_at_least(1), default=1, help="ranks (default 1)")
+    p.add_argument("--pack", choices=["concat", "documents"], default="concat", help="packing mode (default concat)")
+    p.add_argument("--epoch", type=_at_least(0), default=0, help="the epoch (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="the loader's seed (default 0)")
+    p.add_argument("--no-shuffle", action="store_true", help="the loader ran with shuffle=False")
+    p.add_argument("--json", action="store_true", help="print the pieces as JSON")
+    p.set_defaults(run=_which)
     return parser
+
+
+def _which(args: argparse.Namespace) -> int:
+    from chute.tokens.steps import which
+
+    ranks = which(
+        args.dataset, args.step, args.batch_size, seq_len=args.seq_len, pack=args.pack, world_size=args.world_size,
+        epoch=args.epoch, shuffle=not args.no_shuffle, seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps([[piece.to_json() for piece in pieces] for pieces in ranks]))
+        return 0
+    rows = [["rank", "row", "sequence", "shard", "document", "tokens"]]
+    for pieces in ranks:
+        rows += [[str(p.rank), str(p.row), str(p.sequence), str(p.shard), str(p.document), f"[{p.start}, {p.stop})"] for p in pieces]
+    print(_table(rows))
+    return 0
 
 
 def _os_error_text(exc: OSError) -> str:

@@ -38,6 +38,20 @@ static PyMethodDef methods[] = {
     CH_METHOD(feistel,
               "feistel(n, half, round_keys, out) -> None\n\n"
               "Fill the int64 buffer out with chute.order's keyed Feistel permutation of range(n)."),
+    CH_METHOD(tokens_window,
+              "tokens_window(indices, seq_len, starts, sources, itemsize, input_ids, labels) -> None\n\n"
+              "pack='concat' windows: window w is stream[w*L : w*L + L + 1] of the shards' tokens (uint16 or\n"
+              "uint32, itemsize 2 or 4) one after the other; starts: int64 token offsets of the shards (S + 1);\n"
+              "sources[s]: None or (tokens buffer, base item). input_ids, labels: int64 [n, L]."),
+    CH_METHOD(tokens_plan,
+              "tokens_plan(doc_offsets, seq_len, out=None) -> int\n\n"
+              "The number of sequences of next-fit packing of the documents (int64 token offsets, D + 1)\n"
+              "into sequences of at most seq_len tokens; with out (int64, count + 1): their boundaries."),
+    CH_METHOD(tokens_packed,
+              "tokens_packed(indices, offsets, sources, itemsize, seq_len, pad_id, input_ids, labels,\n"
+              "position_ids, cu_seqlens) -> int\n\n"
+              "pack='documents' rows: sources[s] is None or (tokens, doc_offsets int64, plan int64) of shard s.\n"
+              "Fills the int64 [n, L] outputs and cu_seqlens (int32, at least n*L + 1); returns its length."),
     {NULL, NULL, 0, NULL},
 };
 

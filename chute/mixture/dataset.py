@@ -61,6 +61,11 @@ class Mixture:
         self._shard_base = np.concatenate([[0], np.cumsum([len(ds.shards) for ds in self._datasets])]).astype(np.int64)
         self.root = "chute.mix(" + ", ".join(f"{n}={ds.root}" for n, ds in self.sources.items()) + ")"
         self.cache = None  # each remote source reads through its own node cache
+        self._views = not all(isinstance(ds, Dataset) for ds in self._datasets)
+        if self._views:  # views (chute.tokens.sequences): each reads its own rows, see _read_views
+            self._batches = None
+            self.read = self._read_views
+            return
         # One native gather reads every source's shards: their buffers, in the concatenated shard list.
         self._batches = BatchReader(self.schema, self.offsets, self._map, lambda i: self.shards[i].file, self.root)
         self.read = self._batches.read
@@ -96,11 +101,31 @@ class Mixture:
 
     @property
     def fixed_columns(self) -> list[tuple[str, tuple[int, ...], np.dtype, torch.dtype]]:
-        return self._batches.fixed_columns
+        return self._datasets[0].fixed_columns if self._views else self._batches.fixed_columns
 
     @property
     def variable_columns(self) -> list[str]:
-        return self._batches.variable_columns
+        return self._datasets[0].variable_columns if self._views else self._batches.variable_columns
+
+    def _read_views(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
+        """Rows ``indices`` of a mixture of views (``chute.tokens.sequences``): each source reads its rows
+        (one call), which land at their places in ``outs``.
+
+        Their only variable column, ``cu_seqlens`` (packed documents), is rebuilt for the whole batch from
+        ``position_ids``: every piece and every padding run starts at position 0.
+        """
+        source = np.searchsorted(self.base, indices, side="right") - 1
+        for k in np.unique(source).tolist():
+            at = np.flatnonzero(source == k)
+            parts = [np.empty((len(at), *out.shape[1:]), out.dtype) for out in outs]
+            self._datasets[k].read(np.ascontiguousarray(indices[at] - self.base[k]), parts, columnar)
+            for out, part in zip(outs, parts):
+                out[at] = part
+        if not self.variable_columns:
+            return []
+        positions = outs[[name for name, _, _, _ in self.fixed_columns].index("position_ids")].reshape(-1)
+        cu = np.append(np.flatnonzero(positions == 0), positions.size).astype(np.int32)
+        return [torch.from_numpy(cu)]
 
     def shards_of(self, indices: np.ndarray) -> list[int]:
         """The shards (of the concatenated list) rows ``indices`` are in, once each, ascending."""
@@ -146,7 +171,8 @@ class Mixture:
 
     def close(self) -> None:
         """Close every source."""
-        self._batches.unpublish()
+        if self._batches is not None:
+            self._batches.unpublish()
         for ds in self._datasets:
             ds.close()
 
@@ -216,7 +242,9 @@ def mix(
 ) -> Mixture:
     """A weighted mixture of datasets, read as one dataset (see docs/mix.md).
 
-    ``datasets`` maps names to :class:`chute.Dataset` objects or paths/URLs
+    ``datasets`` maps names to :class:`chute.Dataset` objects, token sequence
+    views (:func:`chute.tokens.sequences`, all of the same ``seq_len`` and
+    packing: a weight is then a share of the tokens) or paths/URLs
     (opened with :func:`chute.open`; remote ones through the node cache
     ``cache_dir``, at most ``cache_limit`` bytes each); ``weights`` maps the same
     names to positive numbers (relative: ``{"a": 3, "b": 1}`` is 75%/25%). Every
@@ -230,7 +258,7 @@ def mix(
     from chute.storage.open import open_dataset
 
     opened = {
-        str(name): ds if isinstance(ds, Dataset) else open_dataset(ds, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
+        str(name): ds if isinstance(ds, Dataset) or hasattr(ds, "read") else open_dataset(ds, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
         for name, ds in datasets.items()
     }
     mixture = Mixture(opened, weights, columns, epoch_rows)

@@ -294,6 +294,31 @@ class Loader:
             epoch, consumed = epoch + 1, 0
         self.epoch, self._start, self._explicit = epoch, consumed, True
 
+    def skip(self, steps: int) -> None:
+        """Skip the next ``steps`` steps without reading them (e.g. past a loss spike); from the next ``iter()``.
+
+        Every rank calls it with the same ``steps``: a step is a global batch.
+        The position moves as if the loop had received those batches (across
+        epoch ends too), so ``state_dict`` and the order after it are exactly
+        those of a run that read them. Built on :meth:`state_dict` /
+        :meth:`load_state_dict`; a pass in progress is not changed.
+        """
+        steps = int(steps)
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        if self._progressive is not None:
+            raise ChuteError("skip is not supported in progressive mode: an epoch's length depends on the cache")
+        state = self.state_dict()
+        epoch, consumed, order, world = int(state["epoch"]), int(state["consumed"]), self.order, self.world_size
+        left = order.num_batches(world, consumed)
+        if steps >= left and left:  # into the following epochs (whole epochs at once)
+            steps, epoch, consumed = steps - left, epoch + 1, 0
+            per_epoch = order.num_batches(world, 0)
+            if per_epoch:
+                epoch, steps = epoch + steps // per_epoch, steps % per_epoch
+        consumed = order.consumed_after(steps, world, consumed)
+        self.load_state_dict({**order.state(epoch, consumed), "batch_size": self.batch_size, "world_size": world})
+
     def set_weights(self, weights: dict[str, float]) -> None:
         """A mixture's new weights, by source name, from the next batch the loop receives on.
 

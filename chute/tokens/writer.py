@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from chute import _native
 from chute.errors import ChuteError, SchemaError
 from chute.format.manifest import Manifest
 from chute.format.schema import Ragged, Schema
@@ -34,6 +35,9 @@ __all__ = ["TokenWriter", "write", "METADATA_KEY", "COLUMN", "dtype_for"]
 METADATA_KEY = "tokens"
 COLUMN = "tokens"
 DEFAULT_SHARD_SIZE = "128MB"
+#: Sequence lengths whose document packing the writer counts per shard (``metadata["tokens"]["packed"]``), so
+#: that ``sequences(..., pack="documents")`` learns its length from the manifest alone.
+PACKED_LENGTHS = tuple(2**k for k in range(4, 17))
 _UINT16_IDS = 1 << 16
 _UINT32_IDS = 1 << 32
 
@@ -56,6 +60,7 @@ class _TokenShards(ShardWriter):
         self.parts: list[np.ndarray] = []
         self.lengths: list[np.ndarray] = []
         self.shard_tokens: list[int] = []
+        self.packed: dict[int, list[int]] = {n: [] for n in PACKED_LENGTHS}
 
     def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         """Documents ``lengths`` (int64) whose tokens are ``flat`` one after the other (already checked)."""
@@ -84,11 +89,15 @@ class _TokenShards(ShardWriter):
         column = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
         self.write_batch(pa.record_batch([column], schema=self.arrow_schema))
         self.shard_tokens.append(int(offsets[-1]))
+        for n, counts in self.packed.items():
+            counts.append(_native.tokens_plan(offsets, n))
         self.parts, self.lengths, self.rows, self.bytes = [], [], 0, 0
 
     def discard(self) -> None:
         super().discard()
         self.shard_tokens.clear()
+        for counts in self.packed.values():
+            counts.clear()
 
 
 class TokenWriter:
@@ -162,9 +171,9 @@ class TokenWriter:
             w.root, schema, token=w.token, shard_size=w.shard_size, checksum=w.checksum, durable=w.durable, upload=w.upload,
         )
 
-    def _check(self, doc: Any) -> np.ndarray:
-        """Document ``doc`` as a 1-D int64 array with its end token, or SchemaError naming it."""
-        position = self.documents
+    def _check(self, doc: Any, position: int | None = None) -> np.ndarray:
+        """Document ``doc`` as a 1-D int64 array with its end token, or SchemaError naming it (``position``)."""
+        position = self.documents if position is None else position
         if hasattr(doc, "detach"):  # a torch tensor
             doc = doc.detach().cpu().numpy()
         array = np.asarray(doc)
@@ -206,10 +215,41 @@ class TokenWriter:
             return
         self._shards.add(array, np.array([len(array)], dtype=np.int64))
 
-    def _decide(self) -> None:
+    def extend(self, tokens: Any, lengths: Any) -> None:
+        """Add many documents at once: ``tokens`` (1-D integers) holds them one after the other, ``lengths`` their sizes.
+
+        The same as appending each document, in a few numpy calls instead of one per document.
+        """
+        if self._writer.closed:
+            raise ChuteError(f"the token writer for {self.url} is closed")
+        flat = np.asarray(tokens.detach().cpu().numpy() if hasattr(tokens, "detach") else tokens)
+        sizes = np.asarray(lengths, dtype=np.int64)
+        if flat.ndim != 1 or sizes.ndim != 1:
+            raise SchemaError("extend takes a 1-D array of tokens and a 1-D array of document lengths")
+        if flat.size and not (np.issubdtype(flat.dtype, np.integer) and flat.dtype != np.bool_):
+            raise SchemaError(f"documents from {self.documents} on hold {flat.dtype} values; token ids must be integers")
+        if (sizes < 0).any() or int(sizes.sum()) != flat.size:
+            raise SchemaError(f"lengths must be >= 0 and sum to the {flat.size} tokens given; they sum to {int(sizes.sum())}")
+        hi = 0
+        if flat.size:
+            lo, hi = int(flat.min()), int(flat.max())
+            if lo < 0 or (self._limit is not None and hi >= self._limit):
+                bad = int(np.flatnonzero((flat < 0) | (flat >= (self._limit or 0)) if self._limit else flat < 0)[0])
+                doc = int(np.searchsorted(np.cumsum(sizes), bad, side="right"))
+                self._check(flat[bad : bad + 1], self.documents + doc)  # raises, naming the document
+        if self.eos_id is not None:
+            flat = np.insert(flat.astype(np.int64, copy=False), np.cumsum(sizes), self.eos_id)
+            sizes = sizes + 1
+        if self._shards is None:
+            self._decide(hi)
+        self.documents += len(sizes)
+        self.tokens += int(flat.size)
+        self._shards.add(flat, sizes)
+
+    def _decide(self, largest: int = 0) -> None:
         """No vocab_size: the dtype from the largest token seen so far; then write what waited."""
         pending, self._pending = self._pending, []
-        hi = max((int(a.max()) for a in pending if a.size), default=0)
+        hi = max([largest] + [int(a.max()) for a in pending if a.size])
         self._start("uint16" if hi < _UINT16_IDS else "uint32")
         if pending:
             self._shards.add(np.concatenate(pending), np.array([len(a) for a in pending], dtype=np.int64))
@@ -228,6 +268,7 @@ class TokenWriter:
                 "documents": self.documents,
                 "tokens": self.tokens,
                 "shard_tokens": list(self._shards.shard_tokens),
+                "packed": {str(n): counts for n, counts in self._shards.packed.items()},
             }
         except BaseException:
             self.abort()

@@ -70,3 +70,19 @@ def test_write_to_s3_reads_back_through_the_cache(s3_bucket, moto_s3, tmp_path):
     ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=moto_s3.storage_options)
     assert ds.metadata["tokens"]["documents"] == 200 and len(ds.shards) > 2
     assert ds[150]["tokens"].to(torch.int64).tolist() == docs[150].tolist()
+
+
+def test_extend_writes_many_documents_at_once(tmp_path):
+    docs = _docs(300, 1000, seed=9)
+    with chute.tokens.TokenWriter(tmp_path / "bulk", vocab_size=1000, eos_id=999, shard_size="1KB") as w:
+        w.extend(np.concatenate(docs[:100]), [len(d) for d in docs[:100]])
+        for d in docs[100:150]:
+            w.append(d)
+        w.extend(np.concatenate(docs[150:]), [len(d) for d in docs[150:]])
+    one_by_one = chute.tokens.write(docs, tmp_path / "single", vocab_size=1000, eos_id=999, shard_size="1KB")
+    bulk = chute.open(tmp_path / "bulk")
+    assert bulk.metadata["tokens"] == one_by_one.metadata["tokens"]
+    assert all(torch.equal(bulk[i]["tokens"], one_by_one[i]["tokens"]) for i in range(300))
+    with pytest.raises(chute.SchemaError, match="document 2 holds token id 1000, outside"):
+        with chute.tokens.TokenWriter(tmp_path / "bad", vocab_size=1000) as w:
+            w.extend(np.array([1, 2, 3, 1000]), [1, 2, 1])

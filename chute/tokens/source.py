@@ -1,0 +1,151 @@
+"""Where a sequence view's tokens come from: a token source, shard by shard.
+
+A *token source* tells a :class:`chute.tokens.Sequences` view, from its
+description alone (O(shards), nothing mapped), how many tokens and documents
+each shard holds; when a shard is first read it maps it and hands out two
+zero-copy arrays: the shard's flat tokens (``uint16`` or ``uint32``) and its
+documents' int64 offsets into them. Three kinds exist:
+
+- :class:`DatasetTokens`: a chute token dataset (``chute.tokens.write``, local
+  or remote through the node cache);
+- :class:`chute.tokens.files.MegatronTokens` and
+  :class:`chute.tokens.files.NumpyTokens`: existing token files read in place.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from chute.errors import ShardError
+from chute.format.manifest import ShardInfo
+from chute.tokens.writer import COLUMN, METADATA_KEY
+
+__all__ = ["TokenSource", "DatasetTokens", "token_source"]
+
+
+class TokenSource:
+    """What a sequence view reads: per shard, its tokens and document offsets.
+
+    Attributes (set by subclasses): ``root`` (names the data in messages),
+    ``dtype`` (numpy ``uint16``/``uint32``), ``eos_id``, ``shards`` (one
+    :class:`ShardInfo` per shard: file, bytes), ``shard_tokens`` and
+    ``shard_docs`` (int64 arrays), ``cache`` (the node cache of a remote
+    dataset, else None), ``packed`` (``{seq_len: sequences per shard}`` known
+    without reading the shards).
+    """
+
+    root: str
+    dtype: np.dtype
+    eos_id: int | None
+    shards: tuple[ShardInfo, ...]
+    shard_tokens: np.ndarray
+    shard_docs: np.ndarray
+    cache: Any = None
+    packed: dict[int, list[int]]
+
+    def map(self, i: int, documents: bool = True) -> tuple[np.ndarray, int, np.ndarray | None]:
+        """Shard ``i``: ``(tokens, base, doc_offsets)``; its tokens are ``tokens[base : base + shard_tokens[i]]``
+        and ``doc_offsets`` (int64, absolute in ``tokens``) bound its documents (may be None unless ``documents``)."""
+        raise NotImplementedError
+
+    def set_on_unmap(self, callback: Any) -> None:
+        """``callback(i)`` is called when shard ``i``'s mapping goes (a remote shard evicted from the cache)."""
+
+    def shard_path(self, i: int) -> str:
+        raise NotImplementedError
+
+    def release_direct_holds(self) -> None:
+        """A loader's pass starts: let go of shards held for direct reads (remote)."""
+
+    def close(self) -> None:
+        """Unmap everything (mapped again on the next read)."""
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.shard_tokens.sum()) * self.dtype.itemsize
+
+
+class DatasetTokens(TokenSource):
+    """The tokens of a chute token dataset (one ``tokens`` column, a row per document)."""
+
+    def __init__(self, dataset: Any) -> None:
+        meta = dataset.metadata.get(METADATA_KEY)
+        if not isinstance(meta, dict) or COLUMN not in dataset.schema.names:
+            raise ShardError(
+                f"dataset {dataset.root} is not a token dataset (its manifest has no {METADATA_KEY!r} metadata); "
+                "write one with chute.tokens.write or `chute convert ... --tokenizer`"
+            )
+        self.dataset = dataset
+        self.root = dataset.root
+        self.dtype = np.dtype(meta["dtype"])
+        self.eos_id = meta.get("eos_id")
+        self.shards = tuple(dataset.shards)
+        self.shard_tokens = np.asarray(meta["shard_tokens"], dtype=np.int64)
+        self.shard_docs = np.asarray([s.rows for s in self.shards], dtype=np.int64)
+        if len(self.shard_tokens) != len(self.shards):
+            raise ShardError(
+                f"dataset {self.root}: its manifest lists {len(self.shards)} shards but token counts for "
+                f"{len(self.shard_tokens)}; write the dataset again"
+            )
+        self.packed = {int(k): list(v) for k, v in (meta.get("packed") or {}).items()}
+        self.cache = dataset.cache
+        self._lock = threading.Lock()
+
+    def __reduce__(self):
+        return (DatasetTokens, (self.dataset,))
+
+    def map(self, i: int, documents: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
+        shard = self.dataset.shard(i)
+        (offsets, data), _ = shard.sources[COLUMN]
+        tokens = np.frombuffer(data, dtype=self.dtype) if len(data) else np.empty(0, self.dtype)
+        base = int(offsets[0]) if len(offsets) else 0
+        held = int(offsets[-1]) - base if len(offsets) else 0
+        if held != int(self.shard_tokens[i]) or base + held > len(tokens):
+            raise ShardError(
+                f"dataset {self.root}: shard {self.shards[i].file} holds {held} tokens, the manifest says "
+                f"{int(self.shard_tokens[i])}; run `chute inspect --verify` on the dataset and write it again"
+            )
+        return tokens, base, offsets
+
+    def set_on_unmap(self, callback: Any) -> None:
+        cache = self.cache
+        if cache is None:
+            return
+        previous = cache.on_unpin
+
+        def on_unpin(i: int) -> None:
+            if previous is not None:
+                previous(i)
+            callback(i)
+
+        cache.on_unpin = on_unpin
+
+    def shard_path(self, i: int) -> str:
+        return self.dataset.shard_path(i)
+
+    def release_direct_holds(self) -> None:
+        self.dataset.release_direct_holds()
+
+    def close(self) -> None:
+        self.dataset.close()
+
+
+def token_source(data: Any) -> TokenSource:
+    """A token source for ``data``: a token source, a chute token dataset, or its path/URL."""
+    if isinstance(data, TokenSource):
+        return data
+    import os
+
+    if isinstance(data, (str, os.PathLike)):
+        from chute.storage.open import open_dataset
+
+        data = open_dataset(data)
+    if hasattr(data, "manifest") and hasattr(data, "shard"):
+        return DatasetTokens(data)
+    raise TypeError(
+        f"chute.tokens.sequences reads a token dataset (chute.tokens.write, chute.open), a path to one, or "
+        f"chute.tokens.megatron(...) / chute.tokens.flat(...), got {type(data).__name__}"
+    )
