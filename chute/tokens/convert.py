@@ -1,11 +1,12 @@
 """``chute.tokens.convert``: a text corpus tokenized into a token dataset (``chute convert --tokenizer``).
 
 The corpus is read in this process as chunks of about 1 MiB of text
-(:mod:`chute.tokens._text_sources`); worker processes (or Ray tasks) parse and
+(:mod:`chute.tokens._text_sources`); worker processes (or Ray actors) parse and
 tokenize the chunks (:mod:`chute.tokens._tokenize`); results come back in
 chunk order, so the dataset is the same bytes whatever the number of workers.
 At most two chunks per worker are in flight, so memory stays flat however big
-the corpus. This process writes the documents with :func:`chute.tokens.write`.
+the corpus. This process writes the documents with :class:`chute.tokens.TokenWriter`
+(a chunk's documents in one call).
 """
 
 from __future__ import annotations
@@ -14,18 +15,17 @@ import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
-
-import numpy as np
 
 import chute
 from chute.sources._parallel import OrderedPool, resolve_workers
 from chute.sources._progress import Progress
+from chute.storage.open import open_dataset
 from chute.tokens._text_sources import CHUNK_BYTES, TextSource, open_text_source
 from chute.tokens._tokenize import Tokenized, setup_worker, tokenize_chunk, tokenize_in_worker
 from chute.tokens._tokenizer import Encoder, check_picklable, encoder_eos, load_tokenizer
-from chute.tokens.writer import write
+from chute.tokens.writer import TokenWriter
 
 DEFAULT_SHARD_SIZE = "128MB"
 
@@ -38,6 +38,12 @@ class Counts:
     written: int = 0  # documents written
     empty: int = 0  # documents with no tokens (skipped unless keep_empty)
     tokens: int = 0  # tokens written, end-of-document tokens included
+
+    def add(self, result: Tokenized, *, eos: bool) -> None:
+        self.documents += result.documents
+        self.empty += result.empty
+        self.written += len(result.lengths)
+        self.tokens += int(result.tokens.size) + (len(result.lengths) if eos else 0)
 
     def empty_note(self, keep_empty: bool) -> str:
         """What happened to the empty documents ('' when there were none)."""
@@ -130,28 +136,18 @@ def convert_counted(
     counts = Counts()
     bar = Progress(text.documents, f"chute convert (tokenize {text.kind})", enabled=progress, unit="documents")
     metadata = {"source": {**text.metadata(), "tokenizer": encoder.name}}
-    with bar:
-        with _tokenized(text, encoder, keep_empty, workers, ray, start_method, chunk_bytes) as results:
-            dataset = write(
-                _documents(results, counts, bar, end), out, vocab_size=encoder.vocab_size, eos_id=end,
-                shard_size=shard_size, metadata=metadata, overwrite=overwrite, compression=compression,
-                storage_options=storage_options,
-            )
+    writer = TokenWriter(
+        out, vocab_size=encoder.vocab_size, eos_id=end, shard_size=shard_size, metadata=metadata, overwrite=overwrite,
+        compression=compression, storage_options=storage_options,
+    )
+    with bar, writer, _tokenized(text, encoder, keep_empty, workers, ray, start_method, chunk_bytes) as results:
+        for result in results:
+            writer.extend(result.tokens, result.lengths)
+            counts.add(result, eos=end is not None)
+            bar.update(result.documents)
         if counts.empty:
             bar.note(counts.empty_note(keep_empty))
-    return dataset, counts
-
-
-def _documents(results: Iterable[Tokenized], counts: Counts, bar: Progress, eos_id: int | None) -> Iterator[np.ndarray]:
-    """Each kept document's tokens, in order, counting as they go by."""
-    for result in results:
-        counts.documents += result.documents
-        counts.empty += result.empty
-        counts.written += len(result.lengths)
-        counts.tokens += int(result.tokens.size) + (len(result.lengths) if eos_id is not None else 0)
-        cuts = np.cumsum(result.lengths)[:-1]
-        yield from np.split(result.tokens, cuts) if len(result.lengths) else ()
-        bar.update(result.documents)
+    return open_dataset(writer.url, storage_options=storage_options), counts
 
 
 @contextlib.contextmanager
