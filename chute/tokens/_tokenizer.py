@@ -85,6 +85,8 @@ def _load(spec: Any) -> Encoder:
                     "live in tiktoken's code); " + TIKTOKEN_URL_HINT.format(name=os.path.basename(text)[: -len(".tiktoken")])
                 )
             return _hf_from_file(text)
+        if os.path.isdir(text):
+            raise ChuteError(f"tokenizer folder {text} holds no tokenizer.json")
         if os.sep in text or text.endswith(".json"):
             raise ChuteError(f"tokenizer file {text} does not exist")
         return _tiktoken_by_name(text)
