@@ -89,7 +89,45 @@ CONVERT_OPTIONS = ("path_column", "root", "data_type", "split", "columns", "deco
 """``chute convert`` flags that go to one kind of converter only (unset ones are not passed)."""
 
 
+# ---- chute convert --tokenizer: a text corpus into a token dataset (chute/tokens/convert.py, docs/tokens-convert.md)
+TEXT_OPTIONS = ("text_key", "eos", "eos_id", "keep_empty", "vocab_size")
+
+
+def _convert_text(args: argparse.Namespace) -> int:
+    from chute.tokens.convert import convert_counted
+
+    if args.tokenizer is None:
+        given = [f"--{n.replace('_', '-')}" for n in TEXT_OPTIONS if getattr(args, n) not in (None, False)]
+        raise ChuteError(f"{', '.join(given)}: only with --tokenizer TOKENIZER (to tokenize the text of {args.src})")
+    if args.kind is not None:
+        raise ChuteError("--kind does not apply with --tokenizer (the text source's kind is told from SRC)")
+    start = time.perf_counter()
+    try:
+        ds, counts = convert_counted(
+            args.src, args.dst, tokenizer=args.tokenizer, text_key=args.text_key or "text", eos=args.eos,
+            eos_id=args.eos_id, keep_empty=args.keep_empty, split=args.split, vocab_size=args.vocab_size,
+            workers=args.workers, shard_size=args.shard_size, overwrite=args.overwrite, progress=not args.quiet,
+            ray=args.ray,
+        )
+    except OSError as exc:
+        if _concerns(exc, args.dst):
+            raise ChuteError(f"cannot write the dataset to {args.dst}: {_os_error_text(exc)}") from None
+        raise
+    elapsed = time.perf_counter() - start
+    print(
+        f"wrote {counts.written:,} documents, {counts.tokens:,} tokens ({ds.metadata['tokens']['dtype']}) in "
+        f"{len(ds.shards)} shard(s), {format_size(ds.nbytes)}, to {ds.root} in {elapsed:.1f} s "
+        f"({counts.tokens / max(elapsed, 1e-9):,.0f} tokens/s)"
+    )
+    if counts.empty:
+        print(counts.empty_note(args.keep_empty))
+    return 0
+# ---- end of chute convert --tokenizer
+
+
 def _convert(args: argparse.Namespace) -> int:
+    if args.tokenizer is not None or any(getattr(args, n) not in (None, False) for n in TEXT_OPTIONS):
+        return _convert_text(args)
     from chute.sources import convert
 
     kind_specific = {name: getattr(args, name) for name in CONVERT_OPTIONS if getattr(args, name) is not None}
@@ -287,6 +325,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "3*H*W bytes each, typically 5-15x the JPEG; training then skips decoding)")
     # chute convert --ray (docs/ray.md): reading and writing run as tasks of a Ray cluster
     p.add_argument("--ray", metavar="ADDRESS", help="read and write with Ray tasks on the cluster at ADDRESS ('auto', 'ray://host:10001', or 'local'); needs chute[ray]")
+    # ---- chute convert --tokenizer (docs/tokens-convert.md): a text corpus into a token dataset
+    p.add_argument("--tokenizer", metavar="TOKENIZER", default=None,
+                   help="tokenize a text corpus (SRC: .jsonl[.gz|.zst], Parquet, a folder of .txt, a Hugging Face dataset) "
+                        "with TOKENIZER: a path to a Hugging Face tokenizer.json, or a tiktoken encoding name (cl100k_base)")
+    p.add_argument("--text-key", default=None, metavar="KEY", help="with --tokenizer: the JSON key or column of the text (default text)")
+    p.add_argument("--eos", action="store_true", default=False, help="with --tokenizer: append the tokenizer's end-of-document token to every document")
+    p.add_argument("--eos-id", type=_at_least(0), default=None, metavar="N", help="with --tokenizer: append token N to every document (implies --eos)")
+    p.add_argument("--keep-empty", action="store_true", default=False, help="with --tokenizer: keep documents with no tokens (default: counted and skipped)")
+    p.add_argument("--vocab-size", type=_at_least(1), default=None, metavar="N", help="with --tokenizer: the vocabulary size, if not the tokenizer's (picks uint16 or uint32)")
+    # ---- end of chute convert --tokenizer
     p.set_defaults(run=_convert)
 
     p = sub.add_parser("inspect", help="show a dataset's schema, rows, shards, sizes and checksums")

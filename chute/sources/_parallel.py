@@ -64,11 +64,13 @@ def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 _PARENT_CHECK_S = 1.0
 
 
-def _init_reader(parent: int) -> None:
+def _init_reader(parent: int, setup: Callable[..., Any] | None = None, setup_args: tuple[Any, ...] = ()) -> None:
     """Reader process initializer: Ctrl-C is the main process's to handle (it shuts the pool down),
-    and the reader ends when the main process ``parent`` dies."""
+    and the reader ends when the main process ``parent`` dies. Then ``setup(*setup_args)``, if given."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(parent,), name="chute-reader-parent", daemon=True).start()
+    if setup is not None:
+        setup(*setup_args)
 
 
 def _exit_with(parent: int) -> None:
@@ -115,11 +117,24 @@ class OrderedPool:
     tests and for tiny sources). Use as a context manager: leaving the block after an
     error or a KeyboardInterrupt cancels the chunks not yet started and does not wait
     for the pool.
+
+    ``setup(*setup_args)`` runs once in each reader process when it starts (to load
+    what every chunk needs, such as a tokenizer, once per process rather than once
+    per chunk); it must be a top-level function, ``setup_args`` picklable.
     """
 
-    def __init__(self, workers: int | None, *, start_method: str | None = None) -> None:
+    def __init__(
+        self,
+        workers: int | None,
+        *,
+        start_method: str | None = None,
+        setup: Callable[..., Any] | None = None,
+        setup_args: tuple[Any, ...] = (),
+    ) -> None:
         self.workers = resolve_workers(workers)
         self.start_method = start_method
+        self.setup = setup
+        self.setup_args = setup_args
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
 
     def __enter__(self) -> OrderedPool:
@@ -128,7 +143,7 @@ class OrderedPool:
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context(self.start_method),
                 initializer=_init_reader,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), self.setup, self.setup_args),
             )
         return self
 

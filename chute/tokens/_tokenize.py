@@ -1,0 +1,97 @@
+"""Tokenize one chunk of documents (in a worker process, or in this one).
+
+A chunk's result is two arrays, not one Python list per document: the tokens of
+its kept documents end to end (``uint32``) and their lengths, so the result
+pickles as two buffers. Empty documents (no tokens) are dropped unless
+``keep_empty``; either way they are counted. Token ids are checked against the
+vocabulary here, where the file and line of the document are still known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+
+import numpy as np
+
+from chute.tokens._text_sources import Chunk, TextError
+from chute.tokens._tokenizer import Encoder
+
+UINT32_LIMIT = 1 << 32
+
+
+@dataclasses.dataclass
+class Tokenized:
+    """A chunk tokenized: ``tokens[offsets]`` cut at ``lengths``, plus counts for the report."""
+
+    tokens: np.ndarray  # uint32, the kept documents' tokens end to end
+    lengths: np.ndarray  # int64, one per kept document
+    documents: int  # documents read (kept or not)
+    empty: int  # documents with no tokens (dropped unless keep_empty)
+
+
+def tokenize_chunk(encoder: Encoder, keep_empty: bool, chunk: Chunk) -> list[Tokenized]:
+    """``[Tokenized]`` of ``chunk`` (a one-item list: the shape :class:`~chute.sources._parallel.OrderedPool` maps)."""
+    texts = chunk.texts()
+    ids = encoder.encode(texts)
+    try:
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+    except (TypeError, ValueError):  # only a callable can return something else than lists of ints
+        raise TextError(
+            f"{chunk.origin(0)} and on: the {encoder.name} returned {_kinds(ids)}; it must return a sequence of "
+            "int token ids per text (for a transformers tokenizer, its .encode)"
+        ) from None
+    _check_ids(flat, lengths, encoder, chunk)
+    empty = int(np.count_nonzero(lengths == 0))
+    if empty and not keep_empty:
+        lengths = lengths[lengths > 0]
+    return [Tokenized(flat.astype(np.uint32), lengths, len(texts), empty)]
+
+
+def _kinds(values: list) -> str:
+    kinds = sorted({type(v).__name__ for v in values[:100]})
+    return ", ".join(kinds) if len(kinds) > 1 else f"a {kinds[0]}" if kinds else "nothing"
+
+
+def _check_ids(flat: np.ndarray, lengths: np.ndarray, encoder: Encoder, chunk: Chunk) -> None:
+    """Every id in ``[0, vocab_size)`` (or ``[0, 2**32)`` when the vocabulary size is unknown)."""
+    if not flat.size:
+        return
+    limit = encoder.vocab_size if encoder.vocab_size is not None else UINT32_LIMIT
+    low, high = int(flat.min()), int(flat.max())
+    if low >= 0 and high < limit:
+        return
+    bad = int(np.flatnonzero((flat < 0) | (flat >= limit))[0])
+    doc = int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
+    value = int(flat[bad])
+    if encoder.vocab_size is None:
+        raise TextError(f"{chunk.origin(doc)}: the {encoder.name} gave token id {value}; ids must be in 0..2**32-1")
+    raise TextError(
+        f"{chunk.origin(doc)}: the {encoder.name} gave token id {value}, outside its vocabulary of "
+        f"{encoder.vocab_size} (pass vocab_size= if the tokenizer's is wrong)"
+    )
+
+
+# --------------------------------------------------------------------------- worker processes
+
+_worker_encoder: tuple[Encoder, bool] | None = None
+"""This worker process's tokenizer and ``keep_empty``, set once when the process starts."""
+
+
+def setup_worker(encoder: Encoder, keep_empty: bool) -> None:
+    """Worker process initializer: keep the tokenizer for every chunk this process tokenizes.
+
+    One thread per worker: the processes are the parallelism (``tokenizers`` would
+    otherwise start a thread per CPU in every worker)."""
+    global _worker_encoder
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # this worker process's own environment
+    _worker_encoder = (encoder, keep_empty)
+
+
+def tokenize_in_worker(chunk: Chunk) -> list[Tokenized]:
+    """:func:`tokenize_chunk` with the tokenizer :func:`setup_worker` left in this process."""
+    assert _worker_encoder is not None, "setup_worker did not run in this process"
+    encoder, keep_empty = _worker_encoder
+    return tokenize_chunk(encoder, keep_empty, chunk)
