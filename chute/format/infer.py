@@ -23,7 +23,7 @@ not grow with the number of samples (a map's keys stop being tracked past
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -263,13 +263,15 @@ class Column:
     ctype: ColumnType
 
 
-def plan(summary: Summary, declared: Mapping[str, ColumnType] | None = None, hoist: str | None = None) -> list[Column]:
+def plan(summary: Summary, declared: Mapping[str, ColumnType] | None = None, hoist: str | None = None,
+         reserved: Iterable[str] = ()) -> list[Column]:
     """The columns for the samples summarised in ``summary``.
 
     Each top-level key is a column, a record dict one column per key (dotted
     names, ``meta.width``). ``hoist`` names a top-level key whose record's keys
     become top-level columns themselves (the index converter's ``data``: a
-    pickled dict's ``x`` is column ``x``, not ``data.x``), unless a name is taken.
+    pickled dict's ``x`` is column ``x``, not ``data.x``), unless the name is taken
+    (by another column or one of ``reserved``).
     ``declared`` types (by column name) are used as given.
     """
     declared = dict(declared or {})
@@ -284,7 +286,7 @@ def plan(summary: Summary, declared: Mapping[str, ColumnType] | None = None, hoi
     if hoist is not None and hoist in root.keys and hoist not in declared:
         node = root.keys[hoist]
         if "dict" in node.kinds and set(node.kinds) == {"dict"} and node.is_record():
-            taken = {c.name for c in columns}
+            taken = {c.name for c in columns} | set(reserved)
             for key, child in node.keys.items():  # type: ignore[union-attr]
                 name = key if key not in taken else f"{hoist}.{key}"
                 _plan_node(name, (hoist, key), child, root.dicts, declared, columns)

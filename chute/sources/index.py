@@ -6,10 +6,17 @@ read and decoded by its extension (see :mod:`chute.sources._files`) in reader
 processes; the main process writes one row per index entry, in index order:
 
 * ``path``: the path as written in the index (``\\`` separators become ``/``);
-* every other index column, typed int if all its values parse as int, else float
-  if they all parse as float, else str;
-* ``data``: the file's content (a dict becomes a map column, so keys that differ
-  from file to file are all kept).
+* every other index column, typed by its first row: int if it parses as int, else
+  float if it parses as float, else str; a later row that does not parse the same
+  way is an error naming it (never a silent change of type);
+* the file's content: a dict whose keys are record fields (the usual
+  ``{"x": array, "label": int, "id": str}``) becomes one column per key, nested
+  dicts ``meta.width``; anything else (and a dict whose keys vary from file to
+  file) is the column ``data``.
+
+The column types come from every file (a first pass reads them all and keeps
+only a summary, see :mod:`chute.format.infer`), so a shape that changes in the
+last file makes a ragged column and a key that some files lack a nullable one.
 
 An unnamed first column (what pandas' ``DataFrame.to_csv`` writes for the row
 index) is skipped. Pickles are refused unless the caller opts in, before any file
@@ -22,24 +29,23 @@ import csv
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import chute
 from chute.errors import ChuteError
+from chute.format.infer import Column, InferenceError, Summary, extract, plan
 from chute.format.schema import ColumnType, Scalar, String
 from chute.sources._files import is_pickle, load_indexed_file, pickle_refused
+from chute.sources._hints import FixableError, from_inference
 from chute.sources._parallel import OrderedPool, call_chunk, chunk_size_for, chunked
 from chute.sources._progress import Progress
 from chute.sources._write import DEFAULT_SHARD_SIZE, write_samples
 
 DATA_COLUMN = "data"
 PATH_COLUMN = "path"
-DATA_TYPE_HINT = (
-    "declare the data column's type with from_index(..., data_type=...) or chute convert --data-type TYPE, "
-    "e.g. data_type=chute.Ragged(\"float32\", 2) or --data-type 'ragged(float32, 2)'"
-)
 ROOT_HINT = "if the index's paths are relative to another folder, pass root= (chute convert --root FOLDER)"
+API = "from_index() / convert()"
 
 
 @dataclasses.dataclass
@@ -67,7 +73,8 @@ def normalise_path(path: str) -> str:
     return path.replace("\\", "/")
 
 
-def read_index(index_path: str | os.PathLike, *, path_column: str | None = None) -> Index:
+def read_index(index_path: str | os.PathLike, *, path_column: str | None = None,
+               column_types: Mapping[str, ColumnType] | None = None) -> Index:
     """Parse an index: ``.csv``/``.tsv`` with a header row, anything else one path per line."""
     source = os.fspath(index_path)
     if os.path.isdir(source):
@@ -75,7 +82,7 @@ def read_index(index_path: str | os.PathLike, *, path_column: str | None = None)
     if not os.path.isfile(source):
         raise ChuteError(f"index file {source} does not exist")
     if source.lower().endswith((".csv", ".tsv")):
-        return _read_csv(source, "\t" if source.lower().endswith(".tsv") else ",", path_column)
+        return _read_csv(source, "\t" if source.lower().endswith(".tsv") else ",", path_column, column_types or {})
     if path_column is not None:
         raise ChuteError(f"path_column={path_column!r} needs a CSV index with a header row; {source} is a list of paths")
     return _read_lines(source)
@@ -92,7 +99,7 @@ def _read_lines(source: str) -> Index:
     return Index(source, paths, places, {})
 
 
-def _read_csv(source: str, delimiter: str, path_column: str | None) -> Index:
+def _read_csv(source: str, delimiter: str, path_column: str | None, column_types: Mapping[str, ColumnType]) -> Index:
     name = os.path.basename(source)
     with open(source, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f, delimiter=delimiter)
@@ -128,7 +135,25 @@ def _read_csv(source: str, delimiter: str, path_column: str | None) -> Index:
                 f"index {source} has a column {clash!r} besides the path column {path_column!r}; the "
                 f"output uses {clash!r} for the file's path/content: rename that column"
             )
-    return Index(source, paths, places, {column: parse_column(values) for column, values in columns.items()})
+    return Index(source, paths, places, {column: _typed(values, column, places, column_types.get(column))
+                                         for column, values in columns.items()})
+
+
+def _typed(values: list[str], name: str, places: list[str], declared: ColumnType | None) -> list[Any]:
+    """An index column's values: as declared (str, or numbers of a scalar type), else typed by :func:`parse_column`."""
+    if declared is None:
+        return parse_column(values, name, places)
+    if isinstance(declared, String):
+        return values
+    if isinstance(declared, Scalar):
+        parse = float if declared.dtype.startswith(("float", "bfloat")) else int
+        for k, value in enumerate(values):
+            try:
+                parse(value)
+            except ValueError:
+                raise ChuteError(f"{places[k]}: column {name!r} holds {value!r}, not a {declared.dtype} number") from None
+        return [parse(v) for v in values]
+    raise ChuteError(f"index column {name!r} can be declared string or scalar(...), not {declared.describe()}")
 
 
 def _columns_to_read(header: list[str], source: str) -> list[int]:
@@ -145,14 +170,43 @@ def _columns_to_read(header: list[str], source: str) -> list[int]:
     return kept
 
 
-def parse_column(values: list[str]) -> list[int] | list[float] | list[str]:
-    """The values as ints if all parse as int, else floats if all parse as float, else as they are."""
-    for parse in (int, float):
+def parse_column(values: list[str], name: str = "", places: list[str] | None = None) -> list[int] | list[float] | list[str]:
+    """The values typed by the first one: ints if it parses as int, floats if as float, else strs.
+
+    A later value that does not parse like the first (``"7"`` then ``"cat"``) is an
+    error naming its row: a label column never turns into strings silently. An int
+    column with a float value becomes float (every int is a float).
+    """
+    if not values:
+        return values
+    first = _parse_kind(values[0])
+    if first is str:
+        return values
+    kinds = [int, float] if first is int else [float]
+    for kind in kinds:
         try:
-            return [parse(v) for v in values]
+            return [kind(v) for v in values]
+        except ValueError:
+            continue
+    for k, value in enumerate(values):
+        if _parse_kind(value) is str:
+            where = places[k] if places else f"row {k + 1}"
+            raise FixableError(
+                f"{where}: column {name!r} holds {value!r}, but its first row holds the number {values[0]!r}; "
+                "a column keeps one type",
+                {"column_types": {name: String()}}, API,
+            )
+    return values
+
+
+def _parse_kind(text: str) -> type:
+    for kind in (int, float):
+        try:
+            kind(text)
+            return kind
         except ValueError:
             pass
-    return values
+    return str
 
 
 def check_pickles(index: Index, allow_pickle: bool) -> None:
@@ -173,6 +227,8 @@ def from_index(
     path_column: str | None = None,
     root: str | os.PathLike | None = None,
     data_type: ColumnType | None = None,
+    column_types: Mapping[str, ColumnType] | None = None,
+    cast: bool = False,
     workers: int | None = None,
     start_method: str | None = None,
     shard_size: int | str = DEFAULT_SHARD_SIZE,
@@ -181,57 +237,128 @@ def from_index(
 ) -> chute.Dataset:
     """Convert the files listed in ``index_path`` (CSV/TSV with a header, or one path per line).
 
-    Columns: ``path``, the index's other columns, and ``data`` (each file's content by
-    extension: ``.pkl``/``.pickle`` unpickled (only with ``allow_pickle=True``), ``.json``
-    parsed, ``.npy`` loaded, images and anything else as bytes; ``.gz`` is gunzipped
-    first). The path column is ``path_column``, else ``path`` if present, else the first
-    named one. Relative paths start from ``root``, by default the index file's folder;
-    ``\\`` separators are read as ``/``. ``data``'s type is inferred from the
-    first files unless ``data_type`` declares it (e.g. ``chute.Ragged("float32", 2)`` when
-    ``.npy`` shapes vary beyond the first files). Files are read by ``workers``
-    processes (default: one per CPU; 0 reads in this process).
+    Columns: ``path``, the index's other columns, and each file's content (by
+    extension: ``.pkl``/``.pickle`` unpickled (only with ``allow_pickle=True``),
+    ``.json`` parsed, ``.npy`` loaded, images and anything else as bytes; ``.gz`` is
+    gunzipped first): a dict of record fields is one column per key (nested dicts
+    ``meta.width``), anything else the column ``data``. The path column is
+    ``path_column``, else ``path`` if present, else the first named one. Relative
+    paths start from ``root``, by default the index file's folder; ``\\``
+    separators are read as ``/``. Column types are inferred from every file;
+    ``column_types`` (``{"x": chute.Ragged("float32", ndim=3)}``; ``data_type``
+    for ``data``) declares some. Values cast into a declared type when exact;
+    ``cast=True`` also rounds floats (float64 into float32). Files are read by
+    ``workers`` processes (default: one per CPU; 0 reads in this process), twice:
+    once for the types, once to write.
     """
-    index = read_index(index_path, path_column=path_column)
+    declared = dict(column_types or {})
+    if data_type is not None:
+        declared[DATA_COLUMN] = data_type
+    index = read_index(index_path, path_column=path_column, column_types=declared)
     check_pickles(index, allow_pickle)  # before anything is read or written
     if not index.paths:
         raise ChuteError(f"index {index.source} lists no files; there is nothing to convert")
-    schema = None
-    if data_type is not None:
-        schema = {PATH_COLUMN: String(), **{k: _extra_type(v) for k, v in index.extras.items()}, DATA_COLUMN: data_type}
     if root is not None and not os.path.isdir(index.base(root)):
         raise ChuteError(f"root={os.fspath(root)!r}: {index.base(root)} is not a folder; pass the folder the index's paths start from")
     resolved = index.resolve(root)
     if not os.path.exists(resolved[0]):  # most likely every path starts from another folder
-        raise ChuteError(
-            f"{index.places[0]}: file {index.paths[0]} does not exist (looked for {resolved[0]}); "
-            f"relative paths start from {index.base(root)}: {ROOT_HINT}"
-        )
+        raise _first_file_missing(index, root, resolved[0])
     items = list(zip(index.places, index.paths, resolved))
+    reserved = [PATH_COLUMN, *index.extras]
     with OrderedPool(workers, start_method=start_method) as pool:
+        size = chunk_size_for(len(items), pool.workers)
+        with Progress(len(items), "chute convert (index): reading types", enabled=progress, unit="files") as bar:
+            summary = Summary()
+            summarise = functools.partial(summarise_files, allow_pickle=allow_pickle)
+            for part in pool.map(summarise, chunked(list(enumerate(items)), size)):
+                summary.merge(part)
+                bar.update(part.samples)
+        columns = _plan(summary, declared, reserved, index)
+        schema = {PATH_COLUMN: String(), **{k: _extra_type(v, declared.get(k)) for k, v in index.extras.items()}}
+        schema.update((c.name, c.ctype) for c in columns)
         read = functools.partial(call_chunk, load_indexed_file, {"allow_pickle": allow_pickle})
-        contents = pool.map(read, chunked(items, chunk_size_for(len(items), pool.workers)))
-        return write_samples(
-            _samples(index, contents),
-            dst,
-            progress=Progress(len(items), "chute convert (index)", enabled=progress, unit="files"),
-            schema=schema,
-            schema_hint=DATA_TYPE_HINT,
-            metadata={"source": {"kind": "index", "index": os.path.abspath(index.source), "root": index.base(root)}},
-            shard_size=shard_size,
-            overwrite=overwrite,
-        )
+        contents = pool.map(read, chunked(items, size))
+        try:
+            return write_samples(
+                _samples(index, contents, columns, cast_columns(schema) if cast else None),
+                dst,
+                progress=Progress(len(items), "chute convert (index)", enabled=progress, unit="files"),
+                schema=schema,
+                metadata={"source": {"kind": "index", "index": os.path.abspath(index.source), "root": index.base(root)}},
+                shard_size=shard_size,
+                overwrite=overwrite,
+            )
+        except InferenceError as exc:
+            raise from_inference(exc, str(exc.detail), API, declared=declared) from None
 
 
-def _samples(index: Index, contents: Iterator[Any]) -> Iterator[tuple[dict[str, Any], str]]:
+def summarise_files(chunk: list[tuple[int, tuple[str, str, str]]], *, allow_pickle: bool) -> list[Summary]:
+    """One reader task of the first pass: load a chunk of files, keep only the summary of their contents."""
+    summary = Summary()
+    for position, item in chunk:
+        summary.add({DATA_COLUMN: load_indexed_file(item, allow_pickle=allow_pickle)}, position)
+    return [summary]
+
+
+def _plan(summary: Summary, declared: dict[str, ColumnType], reserved: list[str], index: Index) -> list[Column]:
+    """The content's columns, or the error naming the first file that does not fit, with the type that would."""
+    try:
+        return plan(summary, {k: v for k, v in declared.items() if k not in reserved}, hoist=DATA_COLUMN, reserved=reserved)
+    except InferenceError as exc:
+        where = f"{index.places[exc.position]} ({index.paths[exc.position]})"
+        detail = exc.detail.replace(f"sample {exc.position}", where, 1)
+        raise from_inference(exc, detail, API, declared=declared) from None
+
+
+def _first_file_missing(index: Index, root: str | os.PathLike | None, looked: str) -> ChuteError:
+    """The first file does not exist: another index column may hold the paths, or they start elsewhere."""
+    detail = f"{index.places[0]}: file {index.paths[0]} does not exist (looked for {looked})"
+    base = index.base(root)
+    for column, values in index.extras.items():
+        value = values[0]
+        if isinstance(value, str) and value and os.path.isfile(os.path.join(base, normalise_path(value))):
+            return FixableError(f"{detail}; column {column!r} holds existing files: it is the path column", {"path_column": column}, API)
+    return ChuteError(f"{detail}; relative paths start from {base}: {ROOT_HINT}")
+
+
+def cast_columns(schema: Mapping[str, ColumnType]) -> dict[str, Any]:
+    """For ``cast=True``: the float dtype of each float array/scalar column (values are rounded to it)."""
+    from chute.format.schema import Nullable, Ragged, Tensor
+
+    out = {}
+    for name, ctype in schema.items():
+        inner = ctype.value if isinstance(ctype, Nullable) else ctype
+        if isinstance(inner, (Tensor, Ragged, Scalar)) and inner.dtype.startswith("float"):
+            out[name] = inner.dtype
+    return out
+
+
+def _round(value: Any, dtype: str) -> Any:
+    """A float array (or number) rounded to ``dtype`` (``cast=True``); anything else unchanged."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype.name != dtype:
+        return value.astype(dtype)
+    if isinstance(value, (float, np.floating)) and not isinstance(value, np.dtype(dtype).type):
+        return np.dtype(dtype).type(value)
+    return value
+
+
+def _samples(index: Index, contents: Iterator[Any], columns: list[Column], rounding: dict[str, str] | None) -> Iterator[tuple[dict[str, Any], str]]:
     for i, data in enumerate(contents):
         sample = {PATH_COLUMN: index.paths[i]}
         for column, values in index.extras.items():
             sample[column] = values[i]
-        sample[DATA_COLUMN] = data
+        sample.update(extract({DATA_COLUMN: data}, columns))
+        if rounding:
+            for name, dtype in rounding.items():
+                sample[name] = _round(sample[name], dtype)
         yield sample, f"{index.places[i]} ({index.paths[i]})"
 
 
-def _extra_type(values: list[Any]) -> ColumnType:
+def _extra_type(values: list[Any], declared: ColumnType | None = None) -> ColumnType:
+    if declared is not None:
+        return declared
     if values and isinstance(values[0], int):
         return Scalar("int64")
     if values and isinstance(values[0], float):
