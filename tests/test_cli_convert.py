@@ -54,10 +54,10 @@ def test_data_type_when_the_inferred_one_does_not_hold(tmp_path, capsys):
     (tmp_path / "src" / "list.txt").write_text("".join(f"{i}.json\n" for i in range(71)))
     index, dst = str(tmp_path / "src" / "list.txt"), str(tmp_path / "ds")
     code, err = _convert(capsys, index, dst, "--workers", "0")
-    assert code == 1 and "70.json" in err and "chute convert --data-type TYPE" in err
-    code, err = _convert(capsys, index, dst, "--workers", "0", "--data-type", "map(json)")
+    assert code == 1 and "70.json" in err and err.endswith("; add --column-type k=json")
+    code, err = _convert(capsys, index, dst, "--workers", "0", "--column-type", "k=json")
     assert code == 0, err
-    assert chute.open(dst)[70]["data"] == {"k": "seventy"}
+    assert chute.open(dst)[70]["k"] == "seventy"
 
 
 def test_split_and_columns_for_a_hugging_face_dataset_dict(tmp_path, capsys):

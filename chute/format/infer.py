@@ -89,6 +89,7 @@ class Node:
     shape_changed: int | None = None  # first position of another shape
     unsupported: int | None = None  # first position of a value chute cannot store
     int_range: tuple[int, int] | None = None  # python ints: min, max
+    json_ok: bool = True  # every value so far is plain JSON (no arrays, bytes, numpy values)
     # dicts
     dicts: int = 0
     key_slots: int = 0  # keys summed over the dicts
@@ -106,6 +107,7 @@ class Node:
             return
         self.present += 1
         if isinstance(value, (bytes, bytearray, memoryview)):
+            self.json_ok = False
             self._kind("bytes", position)
         elif isinstance(value, str):
             self._kind("str", position)
@@ -134,6 +136,8 @@ class Node:
             self.dtypes[dtype] = position
 
     def _add_other(self, value: Any, position: int) -> None:
+        if not isinstance(value, (list, tuple)):
+            self.json_ok = False
         array = as_array(value)
         dtype = array_dtype(value, array) if array is not None else None
         if array is not None and dtype is not None:
@@ -170,9 +174,15 @@ class Node:
             items = list(value.values())
             if all(type(v) in (str, bytes, int, float) for v in items):
                 kind = _map_value_kind(items)
-                self.map_value = kind if self.map_value is None else _merge_map_values(self.map_value, kind)
+            elif _is_json_value(items):
+                kind = "json"
             else:
+                kind = None
                 self.mappable = False
+            if kind is not None:
+                self.map_value = kind if self.map_value is None else _merge_map_values(self.map_value, kind)
+        if not (self.mappable and _is_json_value(list(value.values()))):
+            self.json_ok = False
         if self.keys is not None:
             for key, item in value.items():
                 node = self.keys.get(key)
@@ -209,6 +219,7 @@ class Node:
         self.key_slots += other.key_slots
         self.max_keys = max(self.max_keys, other.max_keys)
         self.mappable = self.mappable and other.mappable
+        self.json_ok = self.json_ok and other.json_ok
         if other.map_value is not None:
             self.map_value = other.map_value if self.map_value is None else _merge_map_values(self.map_value, other.map_value)
         if self.keys is None or other.keys is None:
@@ -341,11 +352,8 @@ def _plain_type(name: str, node: Node) -> ColumnType:
         return _scalar(name, node)
     if kinds == {"array"}:
         return _array(name, node)
-    if kinds <= {"json", "dict", "str", "int", "float", "bool"} and "array" not in kinds:
-        second = sorted(node.kinds.items(), key=lambda kv: kv[1])[1]
-        raise _mixed(name, node, second, Json())
     second = sorted(node.kinds.items(), key=lambda kv: kv[1])[1]
-    raise _mixed(name, node, second, None)
+    raise _mixed(name, node, second, Json() if node.json_ok else None)
 
 
 def _mixed(name: str, node: Node, second: tuple[str, int], fix: ColumnType | None) -> InferenceError:

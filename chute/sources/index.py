@@ -29,6 +29,7 @@ import csv
 import dataclasses
 import functools
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -305,8 +306,7 @@ def _plan(summary: Summary, declared: dict[str, ColumnType], reserved: list[str]
     try:
         return plan(summary, {k: v for k, v in declared.items() if k not in reserved}, hoist=DATA_COLUMN, reserved=reserved)
     except InferenceError as exc:
-        where = f"{index.places[exc.position]} ({index.paths[exc.position]})"
-        detail = exc.detail.replace(f"sample {exc.position}", where, 1)
+        detail = re.sub(r"\bsample (\d+)", lambda m: f"{index.places[int(m.group(1))]} ({index.paths[int(m.group(1))]})", exc.detail)
         raise from_inference(exc, detail, API, declared=declared) from None
 
 
