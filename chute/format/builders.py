@@ -149,6 +149,9 @@ class ScalarBuilder(ColumnBuilder):
             raise self.mismatch(position, value)
         elif self.is_float and self.ctype.dtype != "float64" and cast_exact(np.asarray(value, np.float64), self.ctype.dtype) is None:
             raise _cast_refused(self, position, value, "float64")
+        elif not self.is_float and self.ctype.dtype not in ("int64", "uint64") and not (
+                (bounds := np.iinfo(storage_dtype(self.ctype.dtype))).min <= value <= bounds.max):
+            raise _cast_refused(self, position, value, "int64")
         self.values.append(value)
         return self.ctype.row_bytes
 

@@ -28,7 +28,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import io
 import os
+import posixpath
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -39,6 +41,7 @@ from chute.format.infer import Column, InferenceError, Summary, extract, plan
 from chute.format.schema import ColumnType, Scalar, String
 from chute.sources._files import is_pickle, load_indexed_file, pickle_refused
 from chute.sources._hints import FixableError, from_inference
+from chute.sources._remote import is_remote, join_url, read_url, split_url, url_exists
 from chute.sources._parallel import OrderedPool, call_chunk, chunk_size_for, chunked
 from chute.sources._progress import Progress
 from chute.sources._write import DEFAULT_SHARD_SIZE, write_samples
@@ -59,14 +62,20 @@ class Index:
     extras: dict[str, list[Any]]  # other columns, typed
 
     def base(self, root: str | os.PathLike | None = None) -> str:
-        """The folder relative paths start from: ``root`` if given, else the index file's folder."""
+        """The folder relative paths start from: ``root`` if given, else the index file's folder (a URL's too)."""
+        if root is not None and is_remote(os.fspath(root)):
+            return os.fspath(root).rstrip("/")
+        if root is None and is_remote(self.source):
+            return split_url(self.source)[0]
         folder = os.path.expanduser(os.fspath(root)) if root is not None else os.path.dirname(self.source)
         return os.path.abspath(folder)
 
     def resolve(self, root: str | os.PathLike | None = None) -> list[str]:
-        """The paths made absolute (relative ones are relative to :meth:`base`)."""
+        """The paths made absolute (relative ones are relative to :meth:`base`); URLs under a URL base."""
         base = self.base(root)
-        return [os.path.normpath(os.path.join(base, p)) for p in self.paths]
+        if is_remote(base):
+            return [join_url(base, p) for p in self.paths]
+        return [p if is_remote(p) else os.path.normpath(os.path.join(base, p)) for p in self.paths]
 
 
 def normalise_path(path: str) -> str:
@@ -75,34 +84,41 @@ def normalise_path(path: str) -> str:
 
 
 def read_index(index_path: str | os.PathLike, *, path_column: str | None = None,
-               column_types: Mapping[str, ColumnType] | None = None) -> Index:
-    """Parse an index: ``.csv``/``.tsv`` with a header row, anything else one path per line."""
+               column_types: Mapping[str, ColumnType] | None = None, storage_options: Mapping[str, Any] | None = None) -> Index:
+    """Parse an index (a local file or a URL): ``.csv``/``.tsv`` with a header row, anything else one path per line."""
     source = os.fspath(index_path)
-    if os.path.isdir(source):
-        raise ChuteError(f"{source} is a folder; an index source is a .csv/.tsv file or a text file of paths")
-    if not os.path.isfile(source):
-        raise ChuteError(f"index file {source} does not exist")
+    if is_remote(source):
+        try:
+            text = read_url(source, storage_options).decode("utf-8-sig")
+        except FileNotFoundError:
+            raise ChuteError(f"index file {source} does not exist") from None
+    else:
+        if os.path.isdir(source):
+            raise ChuteError(f"{source} is a folder; an index source is a .csv/.tsv file or a text file of paths")
+        if not os.path.isfile(source):
+            raise ChuteError(f"index file {source} does not exist")
+        with open(source, encoding="utf-8-sig", newline="") as f:
+            text = f.read()
     if source.lower().endswith((".csv", ".tsv")):
-        return _read_csv(source, "\t" if source.lower().endswith(".tsv") else ",", path_column, column_types or {})
+        return _read_csv(source, text, "\t" if source.lower().endswith(".tsv") else ",", path_column, column_types or {})
     if path_column is not None:
         raise ChuteError(f"path_column={path_column!r} needs a CSV index with a header row; {source} is a list of paths")
-    return _read_lines(source)
+    return _read_lines(source, text)
 
 
-def _read_lines(source: str) -> Index:
+def _read_lines(source: str, text: str) -> Index:
     paths, places = [], []
-    name = os.path.basename(source)
-    with open(source, encoding="utf-8-sig") as f:
-        for line_number, line in enumerate(f, start=1):
-            if line.strip():
-                paths.append(normalise_path(line.strip()))
-                places.append(f"{name} line {line_number}")
+    name = posixpath.basename(source)
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            paths.append(normalise_path(line.strip()))
+            places.append(f"{name} line {line_number}")
     return Index(source, paths, places, {})
 
 
-def _read_csv(source: str, delimiter: str, path_column: str | None, column_types: Mapping[str, ColumnType]) -> Index:
-    name = os.path.basename(source)
-    with open(source, newline="", encoding="utf-8-sig") as f:
+def _read_csv(source: str, text: str, delimiter: str, path_column: str | None, column_types: Mapping[str, ColumnType]) -> Index:
+    name = posixpath.basename(source)
+    with io.StringIO(text, newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         header = next(reader, None)
         if not header:
@@ -230,6 +246,7 @@ def from_index(
     data_type: ColumnType | None = None,
     column_types: Mapping[str, ColumnType] | None = None,
     cast: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
     workers: int | None = None,
     start_method: str | None = None,
     shard_size: int | str = DEFAULT_SHARD_SIZE,
@@ -250,34 +267,38 @@ def from_index(
     for ``data``) declares some. Values cast into a declared type when exact;
     ``cast=True`` also rounds floats (float64 into float32). Files are read by
     ``workers`` processes (default: one per CPU; 0 reads in this process), twice:
-    once for the types, once to write.
+    once for the types, once to write. The index may be a URL (``s3://``,
+    ``gs://``, ``https://``; ``storage_options`` go to fsspec): relative paths
+    then start from its folder's URL.
     """
     declared = dict(column_types or {})
     if data_type is not None:
         declared[DATA_COLUMN] = data_type
-    index = read_index(index_path, path_column=path_column, column_types=declared)
+    options = dict(storage_options or {})
+    index = read_index(index_path, path_column=path_column, column_types=declared, storage_options=options)
     check_pickles(index, allow_pickle)  # before anything is read or written
     if not index.paths:
         raise ChuteError(f"index {index.source} lists no files; there is nothing to convert")
-    if root is not None and not os.path.isdir(index.base(root)):
+    remote = is_remote(index.base(root))
+    if root is not None and not remote and not os.path.isdir(index.base(root)):
         raise ChuteError(f"root={os.fspath(root)!r}: {index.base(root)} is not a folder; pass the folder the index's paths start from")
     resolved = index.resolve(root)
-    if not os.path.exists(resolved[0]):  # most likely every path starts from another folder
-        raise _first_file_missing(index, root, resolved[0])
+    if not (url_exists(resolved[0], options) if is_remote(resolved[0]) else os.path.exists(resolved[0])):
+        raise _first_file_missing(index, root, resolved[0], options)  # most likely every path starts from another folder
     items = list(zip(index.places, index.paths, resolved))
     reserved = [PATH_COLUMN, *index.extras]
     with OrderedPool(workers, start_method=start_method) as pool:
         size = chunk_size_for(len(items), pool.workers)
         with Progress(len(items), "chute convert (index): reading types", enabled=progress, unit="files") as bar:
             summary = Summary()
-            summarise = functools.partial(summarise_files, allow_pickle=allow_pickle)
+            summarise = functools.partial(summarise_files, allow_pickle=allow_pickle, storage_options=options)
             for part in pool.map(summarise, chunked(list(enumerate(items)), size)):
                 summary.merge(part)
                 bar.update(part.samples)
         columns = _plan(summary, declared, reserved, index)
         schema = {PATH_COLUMN: String(), **{k: _extra_type(v, declared.get(k)) for k, v in index.extras.items()}}
         schema.update((c.name, c.ctype) for c in columns)
-        read = functools.partial(call_chunk, load_indexed_file, {"allow_pickle": allow_pickle})
+        read = functools.partial(call_chunk, load_indexed_file, {"allow_pickle": allow_pickle, "storage_options": options})
         contents = pool.map(read, chunked(items, size))
         try:
             return write_samples(
@@ -285,19 +306,22 @@ def from_index(
                 dst,
                 progress=Progress(len(items), "chute convert (index)", enabled=progress, unit="files"),
                 schema=schema,
-                metadata={"source": {"kind": "index", "index": os.path.abspath(index.source), "root": index.base(root)}},
+                metadata={"source": {"kind": "index", "root": index.base(root),
+                                      "index": index.source if is_remote(index.source) else os.path.abspath(index.source)}},
                 shard_size=shard_size,
                 overwrite=overwrite,
+                storage_options=options,
             )
         except InferenceError as exc:
             raise from_inference(exc, str(exc.detail), API, declared=declared) from None
 
 
-def summarise_files(chunk: list[tuple[int, tuple[str, str, str]]], *, allow_pickle: bool) -> list[Summary]:
+def summarise_files(chunk: list[tuple[int, tuple[str, str, str]]], *, allow_pickle: bool,
+                    storage_options: dict[str, Any] | None = None) -> list[Summary]:
     """One reader task of the first pass: load a chunk of files, keep only the summary of their contents."""
     summary = Summary()
     for position, item in chunk:
-        summary.add({DATA_COLUMN: load_indexed_file(item, allow_pickle=allow_pickle)}, position)
+        summary.add({DATA_COLUMN: load_indexed_file(item, allow_pickle=allow_pickle, storage_options=storage_options)}, position)
     return [summary]
 
 
@@ -310,13 +334,19 @@ def _plan(summary: Summary, declared: dict[str, ColumnType], reserved: list[str]
         raise from_inference(exc, detail, API, declared=declared) from None
 
 
-def _first_file_missing(index: Index, root: str | os.PathLike | None, looked: str) -> ChuteError:
+def _first_file_missing(index: Index, root: str | os.PathLike | None, looked: str, options: dict[str, Any]) -> ChuteError:
     """The first file does not exist: another index column may hold the paths, or they start elsewhere."""
     detail = f"{index.places[0]}: file {index.paths[0]} does not exist (looked for {looked})"
     base = index.base(root)
+
+    def exists(path: str) -> bool:
+        if is_remote(base):
+            return url_exists(join_url(base, path), options)
+        return os.path.isfile(os.path.join(base, path))
+
     for column, values in index.extras.items():
         value = values[0]
-        if isinstance(value, str) and value and os.path.isfile(os.path.join(base, normalise_path(value))):
+        if isinstance(value, str) and value and exists(normalise_path(value)):
             return FixableError(f"{detail}; column {column!r} holds existing files: it is the path column", {"path_column": column}, API)
     return ChuteError(f"{detail}; relative paths start from {base}: {ROOT_HINT}")
 

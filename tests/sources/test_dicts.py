@@ -126,3 +126,44 @@ def test_api_hint_is_in_python(tmp_path):
     assert str(error.value).endswith("pass column_types={'k': chute.Json()} to from_index() / convert()")
     ds = chute.sources.convert(str(root / "list.txt"), tmp_path / "ds", workers=0, progress=False, column_types={"k": chute.Json()})
     assert [ds[i]["k"] for i in range(3)] == [0, 1, [1, "a"]]
+
+
+def test_declared_narrower_types_cast_when_exact_and_refuse_otherwise(tmp_path, capsys):
+    """int64 labels into int32 (they fit); float64 arrays into float32 only with --cast, as the error says."""
+    root = tmp_path / "src"
+    root.mkdir()
+    samples = [{"x": np.full(2, i / 3, np.float64), "label": i} for i in range(6)]
+    for i, s in enumerate(samples):
+        with gzip.open(root / f"{i}.pkl.gz", "wb") as f:
+            pickle.dump(s, f)
+    (root / "list.txt").write_text("".join(f"{i}.pkl.gz\n" for i in range(6)))
+    dst = str(tmp_path / "ds")
+    base = [str(root / "list.txt"), dst, "--allow-pickle", "--workers", "0", "--column-type", "label=scalar(int32)"]
+    code, err = _cli(capsys, *base, "--column-type", "x=tensor(float32, (2,))")
+    assert code == 1 and "1.pkl.gz" in err and "not all exactly float32" in err
+    fix = _fix(err)
+    assert fix[-1] == "--cast"
+    code, err = _cli(capsys, *base, "--column-type", "x=tensor(float32, (2,))", *fix)
+    assert code == 0, err
+    ds = chute.open(dst)
+    assert ds.schema["label"] == chute.Scalar("int32")
+    batch = ds.get_batch(list(range(6)))
+    assert batch["label"].tolist() == list(range(6))
+    assert np.array_equal(batch["x"].numpy(), np.stack([s["x"] for s in samples]).astype(np.float32))
+
+
+def test_a_value_that_does_not_fit_a_declared_int_is_refused(tmp_path, capsys):
+    root = tmp_path / "src"
+    root.mkdir()
+    for i, v in enumerate([1, 2, 300]):
+        (root / f"{i}.json").write_text(json.dumps({"v": np.arange(2).tolist(), "n": v}))
+    (root / "list.txt").write_text("".join(f"{i}.json\n" for i in range(3)))
+    dst = str(tmp_path / "ds")
+    code, err = _cli(capsys, str(root / "list.txt"), dst, "--workers", "0", "--column-type", "v=tensor(int8, (2,))",
+                     "--column-type", "n=scalar(int8)")
+    assert code == 1 and "2.json" in err and "column 'n'" in err
+    fix = _fix(err)
+    assert fix == ["--column-type", "v=tensor(int8, (2,))", "--column-type", "n=scalar(int64)"]
+    code, err = _cli(capsys, str(root / "list.txt"), dst, "--workers", "0", *fix)
+    assert code == 0, err
+    assert [chute.open(dst)[i]["n"] for i in range(3)] == [1, 2, 300]
