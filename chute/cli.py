@@ -282,9 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("convert", help="convert a dataset (index of files, image folder, parquet/arrow, HF, numpy, webdataset) to chute's format")
-    p.add_argument("src", help="source: index .csv/.txt, image folder, .parquet/.arrow file or dir, HF save_to_disk dir, .npy/.npz, .tar or dir of .tar")
-    p.add_argument("dst", help="directory to write the chute dataset to")
-    p.add_argument("--kind", choices=["index", "images", "arrow", "hf", "numpy", "webdataset"], help="source kind (default: detected from SRC)")
+    p.add_argument("src", help="source: index .csv/.txt, image folder, .parquet/.arrow file or dir, HF save_to_disk dir, .npy/.npz, "
+                               ".tar or dir of .tar, .jsonl; an index, .jsonl, .parquet or .tar may be an s3://, gs:// or https:// URL")
+    p.add_argument("dst", help="directory (or s3:// / gs:// URL) to write the chute dataset to")
+    p.add_argument("--kind", choices=["index", "images", "arrow", "hf", "numpy", "webdataset", "jsonl"], help="source kind (default: detected from SRC)")
     p.add_argument("--allow-pickle", action="store_true", help="unpickle .pkl/.pickle files (runs code from the files: only for files you trust)")
     p.add_argument("--workers", type=_at_least(0), default=None, help="reader processes (default: CPU count; 0 reads in this process)")
     p.add_argument("--shard-size", type=_size, default="128MiB", help="target shard size, e.g. 64MB (default 128MiB)")

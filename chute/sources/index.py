@@ -31,13 +31,13 @@ import functools
 import io
 import os
 import posixpath
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import chute
 from chute.errors import ChuteError
-from chute.format.infer import Column, InferenceError, Summary, extract, plan
+from chute.format.infer import Column, InferenceError, Summary, extract
+from chute.sources._dicts import plan_columns, rounded, rounding
 from chute.format.schema import ColumnType, Scalar, String
 from chute.sources._files import is_pickle, load_indexed_file, pickle_refused
 from chute.sources._hints import FixableError, from_inference
@@ -295,14 +295,15 @@ def from_index(
             for part in pool.map(summarise, chunked(list(enumerate(items)), size)):
                 summary.merge(part)
                 bar.update(part.samples)
-        columns = _plan(summary, declared, reserved, index)
+        places = [f"{place} ({path})" for place, path in zip(index.places, index.paths)]
+        columns = plan_columns(summary, declared, reserved, places, API)
         schema = {PATH_COLUMN: String(), **{k: _extra_type(v, declared.get(k)) for k, v in index.extras.items()}}
         schema.update((c.name, c.ctype) for c in columns)
         read = functools.partial(call_chunk, load_indexed_file, {"allow_pickle": allow_pickle, "storage_options": options})
         contents = pool.map(read, chunked(items, size))
         try:
             return write_samples(
-                _samples(index, contents, columns, cast_columns(schema) if cast else None),
+                _samples(index, contents, columns, rounding(schema) if cast else None),
                 dst,
                 progress=Progress(len(items), "chute convert (index)", enabled=progress, unit="files"),
                 schema=schema,
@@ -325,15 +326,6 @@ def summarise_files(chunk: list[tuple[int, tuple[str, str, str]]], *, allow_pick
     return [summary]
 
 
-def _plan(summary: Summary, declared: dict[str, ColumnType], reserved: list[str], index: Index) -> list[Column]:
-    """The content's columns, or the error naming the first file that does not fit, with the type that would."""
-    try:
-        return plan(summary, {k: v for k, v in declared.items() if k not in reserved}, hoist=DATA_COLUMN, reserved=reserved)
-    except InferenceError as exc:
-        detail = re.sub(r"\bsample (\d+)", lambda m: f"{index.places[int(m.group(1))]} ({index.paths[int(m.group(1))]})", exc.detail)
-        raise from_inference(exc, detail, API, declared=declared) from None
-
-
 def _first_file_missing(index: Index, root: str | os.PathLike | None, looked: str, options: dict[str, Any]) -> ChuteError:
     """The first file does not exist: another index column may hold the paths, or they start elsewhere."""
     detail = f"{index.places[0]}: file {index.paths[0]} does not exist (looked for {looked})"
@@ -351,38 +343,13 @@ def _first_file_missing(index: Index, root: str | os.PathLike | None, looked: st
     return ChuteError(f"{detail}; relative paths start from {base}: {ROOT_HINT}")
 
 
-def cast_columns(schema: Mapping[str, ColumnType]) -> dict[str, Any]:
-    """For ``cast=True``: the float dtype of each float array/scalar column (values are rounded to it)."""
-    from chute.format.schema import Nullable, Ragged, Tensor
-
-    out = {}
-    for name, ctype in schema.items():
-        inner = ctype.value if isinstance(ctype, Nullable) else ctype
-        if isinstance(inner, (Tensor, Ragged, Scalar)) and inner.dtype.startswith("float"):
-            out[name] = inner.dtype
-    return out
-
-
-def _round(value: Any, dtype: str) -> Any:
-    """A float array (or number) rounded to ``dtype`` (``cast=True``); anything else unchanged."""
-    import numpy as np
-
-    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype.name != dtype:
-        return value.astype(dtype)
-    if isinstance(value, (float, np.floating)) and not isinstance(value, np.dtype(dtype).type):
-        return np.dtype(dtype).type(value)
-    return value
-
-
-def _samples(index: Index, contents: Iterator[Any], columns: list[Column], rounding: dict[str, str] | None) -> Iterator[tuple[dict[str, Any], str]]:
+def _samples(index: Index, contents: Iterator[Any], columns: list[Column], rounds: dict[str, str] | None) -> Iterator[tuple[dict[str, Any], str]]:
     for i, data in enumerate(contents):
         sample = {PATH_COLUMN: index.paths[i]}
         for column, values in index.extras.items():
             sample[column] = values[i]
         sample.update(extract({DATA_COLUMN: data}, columns))
-        if rounding:
-            for name, dtype in rounding.items():
-                sample[name] = _round(sample[name], dtype)
+        rounded(sample, rounds)
         yield sample, f"{index.places[i]} ({index.paths[i]})"
 
 
