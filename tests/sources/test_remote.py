@@ -58,26 +58,26 @@ def test_index_and_jsonl_in_s3(moto_s3, s3_bucket, tmp_path, capsys):
 
 
 def test_index_jsonl_and_parquet_over_http(http_server, tmp_path, capsys):
-    root = http_server.root
+    root, base = http_server.root, http_server.url.rstrip("/")
     (root / "data" / "files").mkdir(parents=True)
     for i, sample in enumerate(SAMPLES):
         (root / "data" / "files" / f"{i}.pkl.gz").write_bytes(_pickle(sample))
     (root / "data" / "index.csv").write_text("path\n" + "".join(f"files/{i}.pkl.gz\n" for i in range(6)))
     (root / "a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in LINES))
     pq.write_table(pa.table({"a": list(range(5)), "b": [f"v{i}" for i in range(5)]}), root / "t.parquet")
-    code = main(["convert", f"{http_server.url.rstrip("/")}/data/index.csv", str(tmp_path / "index"), "--allow-pickle", "--workers", "1", "--quiet"])
+    code = main(["convert", f"{base}/data/index.csv", str(tmp_path / "index"), "--allow-pickle", "--workers", "1", "--quiet"])
     assert code == 0, capsys.readouterr().err
     _check_index(chute.open(tmp_path / "index"))
-    code = main(["convert", f"{http_server.url.rstrip("/")}/a.jsonl", str(tmp_path / "lines"), "--quiet"])
+    code = main(["convert", f"{base}/a.jsonl", str(tmp_path / "lines"), "--quiet"])
     assert code == 0, capsys.readouterr().err
     _check_lines(chute.open(tmp_path / "lines"))
-    ds = convert(f"{http_server.url.rstrip("/")}/t.parquet", tmp_path / "pq", progress=False)
+    ds = convert(f"{base}/t.parquet", tmp_path / "pq", progress=False)
     assert ds.get_batch([0, 4])["b"] == ["v0", "v4"]
 
 
 def test_a_missing_remote_file_is_named(http_server, tmp_path, capsys):
-    root = http_server.root
+    root, base = http_server.root, http_server.url.rstrip("/")
     (root / "index.csv").write_text("path\nfiles/0.json\n")
-    code = main(["convert", f"{http_server.url.rstrip("/")}/index.csv", str(tmp_path / "out"), "--quiet"])
+    code = main(["convert", f"{base}/index.csv", str(tmp_path / "out"), "--quiet"])
     err = capsys.readouterr().err
-    assert code == 1 and "files/0.json does not exist" in err and f"{http_server.url.rstrip("/")}/files/0.json" in err
+    assert code == 1 and "files/0.json does not exist" in err and f"{base}/files/0.json" in err
