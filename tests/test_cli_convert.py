@@ -82,3 +82,41 @@ def test_columns_leaves_out_a_column_with_missing_values(tmp_path, capsys):
     code, err = _convert(capsys, str(tmp_path / "t.parquet"), dst, "--columns", "a")
     assert code == 0, err
     assert chute.open(dst).get_batch(range(5))["a"].tolist() == list(range(5))
+
+
+def _proposed(err: str) -> list[str]:
+    import shlex
+
+    assert "; add " in err, err
+    return shlex.split(err.rsplit("; add ", 1)[1])
+
+
+def test_a_label_that_is_not_a_number_names_its_row_and_the_fix(tmp_path, capsys):
+    (tmp_path / "f").mkdir()
+    for i in range(5):
+        (tmp_path / "f" / f"{i}.json").write_text(json.dumps([i]))
+    labels = ["3", "1", "4", "n/a", "5"]
+    (tmp_path / "index.csv").write_text("path,label\n" + "".join(f"f/{i}.json,{labels[i]}\n" for i in range(5)))
+    dst = str(tmp_path / "ds")
+    code, err = _convert(capsys, str(tmp_path / "index.csv"), dst, "--workers", "0")
+    assert code == 1 and "row 4, line 5" in err and "'n/a'" in err  # never a silent change to strings
+    fix = _proposed(err)
+    assert fix == ["--column-type", "label=string"]
+    code, err = _convert(capsys, str(tmp_path / "index.csv"), dst, "--workers", "0", *fix)
+    assert code == 0, err
+    assert [chute.open(dst)[i]["label"] for i in range(5)] == labels
+
+
+def test_path_column_not_first_is_proposed(tmp_path, capsys):
+    (tmp_path / "f").mkdir()
+    for i in range(3):
+        (tmp_path / "f" / f"{i}.json").write_text(json.dumps({"v": i}))
+    (tmp_path / "index.csv").write_text("id,file\n" + "".join(f"{i},f/{i}.json\n" for i in range(3)))
+    dst = str(tmp_path / "ds")
+    code, err = _convert(capsys, str(tmp_path / "index.csv"), dst, "--workers", "0")
+    assert code == 1 and "column 'file' holds existing files" in err
+    fix = _proposed(err)
+    assert fix == ["--path-column", "file"]
+    code, err = _convert(capsys, str(tmp_path / "index.csv"), dst, "--workers", "0", *fix)
+    assert code == 0, err
+    assert [chute.open(dst)[i]["v"] for i in range(3)] == [0, 1, 2]
