@@ -120,3 +120,22 @@ def test_path_column_not_first_is_proposed(tmp_path, capsys):
     code, err = _convert(capsys, str(tmp_path / "index.csv"), dst, "--workers", "0", *fix)
     assert code == 0, err
     assert [chute.open(dst)[i]["v"] for i in range(3)] == [0, 1, 2]
+
+
+def test_a_file_that_is_not_a_dataset_is_called_so(tmp_path, capsys):
+    (tmp_path / "index.csv").write_text("path\na.json\n")
+    assert main(["inspect", str(tmp_path / "index.csv")]) == 1
+    err = capsys.readouterr().err
+    assert "index.csv is a file, not a chute dataset" in err and "does not exist" not in err
+
+
+def test_ctrl_c_while_the_arguments_are_parsed_prints_no_traceback(monkeypatch, capsys):
+    import chute.sources._column_type as column_type
+
+    def interrupted(text):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(column_type, "parse_column_type", interrupted)
+    assert main(["convert", "a.csv", "out", "--data-type", "json"]) == 130
+    err = capsys.readouterr().err
+    assert err == "chute: interrupted\n"
