@@ -114,13 +114,16 @@ def test_arrow_ipc_file_stream_and_feather(tmp_path, no_fd_leak):
 
 
 def test_nulls_are_an_error_naming_file_row_and_column(tmp_path):
-    table = pa.table({"a": pa.array(list(range(30)) + [None] + [1] * 9, pa.int64())})
+    table = pa.table({"a": pa.array(list(range(30)) + [None] + [1] * 9, pa.int64()), "b": list(range(40))})
     pq.write_table(table, tmp_path / "n.parquet")
     with pytest.raises(ChuteError) as info:
         from_arrow_files(tmp_path / "n.parquet", tmp_path / "out", progress=False)
     message = str(info.value)
     assert "n.parquet" in message and "row 30" in message and "'a'" in message
     assert no_dataset_at(tmp_path / "out")
+    assert "leave the column out (columns=" in message  # the fix it proposes
+    ds = from_arrow_files(tmp_path / "n.parquet", tmp_path / "out", columns=["b"], progress=False)
+    assert ds.get_batch(list(range(40)))["b"].tolist() == list(range(40))
 
 
 def test_nulls_inside_a_json_column_are_kept(tmp_path):

@@ -167,3 +167,19 @@ def test_a_value_that_does_not_fit_a_declared_int_is_refused(tmp_path, capsys):
     code, err = _cli(capsys, str(root / "list.txt"), dst, "--workers", "0", *fix)
     assert code == 0, err
     assert [chute.open(dst)[i]["n"] for i in range(3)] == [1, 2, 300]
+
+
+def test_a_declared_tensor_whose_shape_varies_proposes_ragged(tmp_path, capsys):
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(4):
+        np.save(root / f"{i}.npy", np.zeros((2, 2 + i // 3), np.float32))
+    (root / "list.txt").write_text("".join(f"{i}.npy\n" for i in range(4)))
+    dst = str(tmp_path / "ds")
+    code, err = _cli(capsys, str(root / "list.txt"), dst, "--workers", "0", "--data-type", "tensor(float32, (2, 2))")
+    assert code == 1 and "3.npy" in err and "shape varies" in err
+    fix = _fix(err)
+    assert fix == ["--data-type", "ragged(float32, 2)"]
+    code, err = _cli(capsys, str(root / "list.txt"), dst, "--workers", "0", *fix)
+    assert code == 0, err
+    assert tuple(chute.open(dst)[3]["data"].shape) == (2, 3)

@@ -64,6 +64,7 @@ def test_pickles_are_refused_without_opt_in_and_nothing_is_written(tmp_path, pic
     assert "arbitrary code" in message
     assert "40" not in message or "39 more" in message  # counts the other pickle files
     assert not dst.exists()
+    assert len(from_index(index, dst, allow_pickle=True, workers=0, progress=False)) == 40  # the fix it proposes
 
 
 def test_a_pickle_late_in_the_index_is_refused_before_any_file_is_read(tmp_path):
