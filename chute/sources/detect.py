@@ -74,6 +74,16 @@ def _kind_of_dir(path: str) -> str | None:
     return None
 
 
+def _check_protocol(url: str) -> None:
+    """A URL whose scheme fsspec does not know is an error saying so (not "cannot tell its kind")."""
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(url.split("://", 1)[0])
+    except (ValueError, ImportError) as exc:
+        raise ChuteError(f"cannot open {url}: {exc}") from None
+
+
 def detect_kind(src: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
     """The kind of source ``src`` is (one of :data:`KINDS`), or a ChuteError saying to pass ``kind=``."""
     if isinstance(src, (list, tuple)):
@@ -89,6 +99,7 @@ def detect_kind(src: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
         raise ChuteError(f"cannot convert a {type(src).__name__}; pass a path (or a datasets.Dataset)")
     path = os.fspath(src)
     if "://" in path:
+        _check_protocol(path)
         kind = _kind_of_file(path.split("?", 1)[0])
     elif os.path.isdir(path):
         kind = _kind_of_dir(path)
