@@ -39,6 +39,7 @@ _EXPORTS = {
     "String": "chute.format.schema",
     "Map": "chute.format.schema",
     "Json": "chute.format.schema",
+    "Nullable": "chute.format.schema",
     "to_device": "chute.device",
     "DeviceLoader": "chute.device",
     "Loader": "chute.pipeline.loader",

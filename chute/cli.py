@@ -78,6 +78,15 @@ def _column_type(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _named_column_type(text: str):
+    from chute.sources._column_type import parse_named_column_type
+
+    try:
+        return parse_named_column_type(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _names(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
@@ -85,7 +94,7 @@ def _names(text: str) -> list[str]:
     return names
 
 
-CONVERT_OPTIONS = ("path_column", "root", "data_type", "split", "columns", "decode")
+CONVERT_OPTIONS = ("path_column", "root", "data_type", "column_types", "cast", "split", "columns", "decode")
 """``chute convert`` flags that go to one kind of converter only (unset ones are not passed)."""
 
 
@@ -129,7 +138,10 @@ def _convert(args: argparse.Namespace) -> int:
     if args.tokenizer is not None or any(getattr(args, n) not in (None, False) for n in TEXT_OPTIONS):
         return _convert_text(args)
     from chute.sources import convert
+    from chute.sources._hints import FixableError
 
+    if args.column_types is not None:
+        args.column_types = dict(args.column_types)
     kind_specific = {name: getattr(args, name) for name in CONVERT_OPTIONS if getattr(args, name) is not None}
     start = time.perf_counter()
     try:
@@ -145,6 +157,8 @@ def _convert(args: argparse.Namespace) -> int:
             **kind_specific,
             **({"ray": args.ray} if args.ray else {}),
         )
+    except FixableError as exc:  # its fix as this command's flags, not as Python arguments
+        raise ChuteError(exc.render("cli")) from None
     except OSError as exc:
         if _concerns(exc, args.dst):
             raise ChuteError(f"cannot write the dataset to {args.dst}: {_os_error_text(exc)}") from None
@@ -306,9 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("convert", help="convert a dataset (index of files, image folder, parquet/arrow, HF, numpy, webdataset) to chute's format")
-    p.add_argument("src", help="source: index .csv/.txt, image folder, .parquet/.arrow file or dir, HF save_to_disk dir, .npy/.npz, .tar or dir of .tar")
-    p.add_argument("dst", help="directory to write the chute dataset to")
-    p.add_argument("--kind", choices=["index", "images", "arrow", "hf", "numpy", "webdataset"], help="source kind (default: detected from SRC)")
+    p.add_argument("src", help="source: index .csv/.txt, image folder, .parquet/.arrow file or dir, HF save_to_disk dir, .npy/.npz, "
+                               ".tar or dir of .tar, .jsonl; an index, .jsonl, .parquet or .tar may be an s3://, gs:// or https:// URL")
+    p.add_argument("dst", help="directory (or s3:// / gs:// URL) to write the chute dataset to")
+    p.add_argument("--kind", choices=["index", "images", "arrow", "hf", "numpy", "webdataset", "jsonl"], help="source kind (default: detected from SRC)")
     p.add_argument("--allow-pickle", action="store_true", help="unpickle .pkl/.pickle files (runs code from the files: only for files you trust)")
     p.add_argument("--workers", type=_at_least(0), default=None, help="reader processes (default: CPU count; 0 reads in this process)")
     p.add_argument("--shard-size", type=_size, default="128MiB", help="target shard size, e.g. 64MB (default 128MiB)")
@@ -318,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", metavar="FOLDER", default=None, help="index: the folder relative paths start from (default: the index file's folder)")
     p.add_argument("--data-type", type=_column_type, default=None, metavar="TYPE",
                    help="index: the type of the data column, e.g. 'ragged(float32, 2)', json, bytes (default: inferred)")
+    p.add_argument("--column-type", dest="column_types", type=_named_column_type, action="append", default=None, metavar="NAME=TYPE",
+                   help="index, jsonl: the type of a column, e.g. 'x=ragged(float32, 3)', 'label=string' (repeatable; default: inferred)")
+    p.add_argument("--cast", action="store_true", default=None, help="index, jsonl: round float values to a narrower float column (float64 into float32)")
     p.add_argument("--split", default=None, help="hf: the split of a DatasetDict to convert")
     p.add_argument("--columns", type=_names, default=None, metavar="A,B,...", help="arrow, hf: convert only these columns")
     p.add_argument("--decode", action="store_true", default=None,
@@ -456,7 +474,11 @@ def _stop_writing_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the arguments are parsed (--data-type imports chute)
+        print("chute: interrupted", file=sys.stderr)
+        return 130
     try:
         status = args.run(args)
         sys.stdout.flush()  # here, so that a closed pipe is seen below and not at exit

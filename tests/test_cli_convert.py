@@ -54,10 +54,10 @@ def test_data_type_when_the_inferred_one_does_not_hold(tmp_path, capsys):
     (tmp_path / "src" / "list.txt").write_text("".join(f"{i}.json\n" for i in range(71)))
     index, dst = str(tmp_path / "src" / "list.txt"), str(tmp_path / "ds")
     code, err = _convert(capsys, index, dst, "--workers", "0")
-    assert code == 1 and "70.json" in err and "chute convert --data-type TYPE" in err
-    code, err = _convert(capsys, index, dst, "--workers", "0", "--data-type", "map(json)")
+    assert code == 1 and "70.json" in err and err.endswith("; add --column-type k=json")
+    code, err = _convert(capsys, index, dst, "--workers", "0", "--column-type", "k=json")
     assert code == 0, err
-    assert chute.open(dst)[70]["data"] == {"k": "seventy"}
+    assert chute.open(dst)[70]["k"] == "seventy"
 
 
 def test_split_and_columns_for_a_hugging_face_dataset_dict(tmp_path, capsys):
@@ -82,3 +82,60 @@ def test_columns_leaves_out_a_column_with_missing_values(tmp_path, capsys):
     code, err = _convert(capsys, str(tmp_path / "t.parquet"), dst, "--columns", "a")
     assert code == 0, err
     assert chute.open(dst).get_batch(range(5))["a"].tolist() == list(range(5))
+
+
+def _proposed(err: str) -> list[str]:
+    import shlex
+
+    assert "; add " in err, err
+    return shlex.split(err.rsplit("; add ", 1)[1])
+
+
+def test_a_label_that_is_not_a_number_names_its_row_and_the_fix(tmp_path, capsys):
+    (tmp_path / "f").mkdir()
+    for i in range(5):
+        (tmp_path / "f" / f"{i}.json").write_text(json.dumps([i]))
+    labels = ["3", "1", "4", "n/a", "5"]
+    (tmp_path / "index.csv").write_text("path,label\n" + "".join(f"f/{i}.json,{labels[i]}\n" for i in range(5)))
+    dst = str(tmp_path / "ds")
+    code, err = _convert(capsys, str(tmp_path / "index.csv"), dst, "--workers", "0")
+    assert code == 1 and "row 4, line 5" in err and "'n/a'" in err  # never a silent change to strings
+    fix = _proposed(err)
+    assert fix == ["--column-type", "label=string"]
+    code, err = _convert(capsys, str(tmp_path / "index.csv"), dst, "--workers", "0", *fix)
+    assert code == 0, err
+    assert [chute.open(dst)[i]["label"] for i in range(5)] == labels
+
+
+def test_path_column_not_first_is_proposed(tmp_path, capsys):
+    (tmp_path / "f").mkdir()
+    for i in range(3):
+        (tmp_path / "f" / f"{i}.json").write_text(json.dumps({"v": i}))
+    (tmp_path / "index.csv").write_text("id,file\n" + "".join(f"{i},f/{i}.json\n" for i in range(3)))
+    dst = str(tmp_path / "ds")
+    code, err = _convert(capsys, str(tmp_path / "index.csv"), dst, "--workers", "0")
+    assert code == 1 and "column 'file' holds existing files" in err
+    fix = _proposed(err)
+    assert fix == ["--path-column", "file"]
+    code, err = _convert(capsys, str(tmp_path / "index.csv"), dst, "--workers", "0", *fix)
+    assert code == 0, err
+    assert [chute.open(dst)[i]["v"] for i in range(3)] == [0, 1, 2]
+
+
+def test_a_file_that_is_not_a_dataset_is_called_so(tmp_path, capsys):
+    (tmp_path / "index.csv").write_text("path\na.json\n")
+    assert main(["inspect", str(tmp_path / "index.csv")]) == 1
+    err = capsys.readouterr().err
+    assert "index.csv is a file, not a chute dataset" in err and "does not exist" not in err
+
+
+def test_ctrl_c_while_the_arguments_are_parsed_prints_no_traceback(monkeypatch, capsys):
+    import chute.sources._column_type as column_type
+
+    def interrupted(text):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(column_type, "parse_column_type", interrupted)
+    assert main(["convert", "a.csv", "out", "--data-type", "json"]) == 130
+    err = capsys.readouterr().err
+    assert err == "chute: interrupted\n"

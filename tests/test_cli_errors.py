@@ -91,7 +91,7 @@ def test_a_destination_that_cannot_be_created(capsys, index, tmp_path):
 def test_an_unsupported_url_scheme(capsys, index, tmp_path):
     assert _error(capsys, "inspect", "foo://bucket/ds") == "chute inspect: error: cannot open foo://bucket/ds: Protocol not known: foo"
     assert _error(capsys, "bench", "foo://bucket/ds").startswith("chute bench: error: cannot open foo://bucket/ds")
-    assert _error(capsys, "convert", "foo://bucket/ds", str(tmp_path / "out")) == "chute convert: error: foo://bucket/ds does not exist"
+    assert _error(capsys, "convert", "foo://bucket/ds", str(tmp_path / "out")) == "chute convert: error: cannot open foo://bucket/ds: Protocol not known: foo"
 
 
 def test_an_option_for_another_kind_of_source(capsys, index, tmp_path):

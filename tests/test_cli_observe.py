@@ -40,7 +40,7 @@ def test_bench_prints_throughput_first_batch_and_stage_utilisation(dataset, caps
     code, out, err = _run(capsys, "bench", dataset.root, "--batch-size", "16", "--threads", "2")
     assert code == 0, err
     assert f"{ROWS:,} rows in {len(dataset.shards)} shard(s)" in out
-    assert "workers='threads', 2 worker(s)" in out and "(autotuned: prefetch)" in out
+    assert "workers='threads', 2 worker(s)" in out and "(threads set by hand, prefetch autotuned)" in out
     assert f"({ROWS:,} samples in 13 batches" in out and "samples/s" in out and "MB/s of stored data" in out
     assert "steady state " in out and "after start-up" in out
     assert "first batch  0." in out
@@ -72,7 +72,15 @@ def test_steady_state_leaves_out_the_wait_for_the_first_batch():
 def test_bench_with_every_setting_given_tunes_nothing(dataset, capsys):
     code, out, err = _run(capsys, "bench", dataset.root, "--batch-size", "16", "--threads", "1", "--prefetch", "3")
     assert code == 0, err
-    assert "1 worker(s), prefetch 3 (set by hand)" in out
+    assert "1 worker(s), prefetch 3 (threads set by hand, prefetch set by hand)" in out
+
+
+def test_bench_does_not_say_set_by_hand_for_what_the_user_left_alone():
+    from chute.observe.bench import _how
+
+    assert _how("prefetch", ("threads",), []) == "chute's default"  # autotuning off, prefetch not given
+    assert _how("prefetch", ("threads",), ["prefetch"]) == "autotuned"
+    assert _how("threads", ("threads",), ["prefetch"]) == "set by hand"
 
 
 def test_bench_json_counts_every_sample_of_every_epoch(dataset, capsys):

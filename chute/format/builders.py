@@ -14,11 +14,13 @@ import numpy as np
 import pyarrow as pa
 
 from chute.errors import SchemaError
+from chute.format.infer import InferenceError
 from chute.format.schema import (
     Bytes,
     ColumnType,
     Json,
     Map,
+    Nullable,
     Ragged,
     Scalar,
     String,
@@ -54,6 +56,35 @@ class ColumnBuilder:
         raise NotImplementedError
 
 
+def cast_exact(array: np.ndarray, dtype: str) -> np.ndarray | None:
+    """``array`` as chute dtype ``dtype`` when every value survives the cast unchanged, else None.
+
+    int64 values that fit in int32, float32 values as float64, integral floats as ints:
+    a declared type takes them; 300 into int8 or 0.1 into float32 is refused.
+    """
+    if dtype == "bfloat16" or array.dtype.kind not in "biuf":
+        return None
+    target = np.dtype(np.bool_) if dtype == "bool" else storage_dtype(dtype)
+    with np.errstate(all="ignore"):
+        out = array.astype(target)
+        back = out.astype(array.dtype)
+    same = np.array_equal(back, array, equal_nan=array.dtype.kind == "f" and target.kind == "f")
+    return out.astype(storage_dtype(dtype), copy=False) if same else None
+
+
+def _cast_refused(builder: ColumnBuilder, position: int, value: Any, found: str) -> InferenceError:
+    """A value of dtype ``found`` that does not cast exactly into the builder's column."""
+    message = builder.mismatch(position, value, "").args[0].rstrip("; ")
+    want = builder.ctype.dtype  # type: ignore[union-attr]
+    floats = found.startswith("float") and want.startswith(("float", "bfloat"))
+    why = f"its values are not all exactly {want}" if found != want else ""
+    fix = None
+    if not floats:
+        fix = Tensor(found, builder.ctype.shape) if isinstance(builder.ctype, Tensor) else (
+            Ragged(found, builder.ctype.ndim) if isinstance(builder.ctype, Ragged) else Scalar(found))
+    return InferenceError(f"{message}{'; ' + why if why else ''}", builder.name, position, fix, cast=floats)
+
+
 class TensorBuilder(ColumnBuilder):
     """Copies each row into one growing contiguous buffer: the shard's single data buffer."""
 
@@ -65,16 +96,18 @@ class TensorBuilder(ColumnBuilder):
 
     def append(self, value: Any, position: int) -> int:
         array = as_array(value)
-        if array is None or array_dtype(value, array) != self.ctype.dtype:
-            raise self.mismatch(position, value, "convert it to that dtype before writing")
+        if array is None:
+            raise self.mismatch(position, value)
+        found = array_dtype(value, array)
+        if found != self.ctype.dtype:
+            array = cast_exact(array, self.ctype.dtype) if found is not None else None
+            if array is None:
+                raise _cast_refused(self, position, value, found or "?")
         if array.shape != self.ctype.shape:
-            raise self.mismatch(
-                position,
-                value,
-                "if this column's shape varies between samples, declare it as "
-                f"chute.Ragged({self.ctype.dtype!r}, ndim={len(self.ctype.shape)}) with schema=, "
-                "or raise lookahead= so inference sees more samples",
-            )
+            fix = Ragged(self.ctype.dtype, array.ndim) if array.ndim == len(self.ctype.shape) else None
+            raise InferenceError(
+                self.mismatch(position, value).args[0] + (
+                    "; this column's shape varies between samples" if fix else ""), self.name, position, fix)
         if self.rows == len(self.buffer):
             grown = np.empty((2 * len(self.buffer), *self.ctype.shape), dtype=self.storage)
             grown[: self.rows] = self.buffer
@@ -102,14 +135,23 @@ class ScalarBuilder(ColumnBuilder):
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value[()]
         if isinstance(value, np.generic):
-            if array_dtype(value, np.asarray(value)) != self.ctype.dtype:
-                raise self.mismatch(position, value)
+            found = array_dtype(value, np.asarray(value))
+            if found != self.ctype.dtype:
+                cast = cast_exact(np.asarray(value), self.ctype.dtype) if found is not None else None
+                if cast is None:
+                    raise _cast_refused(self, position, value, found or "?")
+                value = cast
             value = value.item()
         elif self.is_bool:
             if not isinstance(value, bool):
                 raise self.mismatch(position, value)
         elif isinstance(value, bool) or not isinstance(value, (float, int) if self.is_float else int):
             raise self.mismatch(position, value)
+        elif self.is_float and self.ctype.dtype != "float64" and cast_exact(np.asarray(value, np.float64), self.ctype.dtype) is None:
+            raise _cast_refused(self, position, value, "float64")
+        elif not self.is_float and self.ctype.dtype not in ("int64", "uint64") and not (
+                (bounds := np.iinfo(storage_dtype(self.ctype.dtype))).min <= value <= bounds.max):
+            raise _cast_refused(self, position, value, "int64")
         self.values.append(value)
         return self.ctype.row_bytes
 
@@ -120,7 +162,9 @@ class ScalarBuilder(ColumnBuilder):
         try:
             array = np.array(values, dtype=storage_dtype(self.ctype.dtype))
         except OverflowError as exc:
-            raise SchemaError(f"column {self.name!r}: a value does not fit in {self.ctype.dtype} ({exc})") from None
+            raise SchemaError(
+                f"column {self.name!r}: a value does not fit in {self.ctype.dtype} ({exc}); declare it as int64"
+            ) from None
         return pa.array(array, type=self.type)
 
 
@@ -134,10 +178,16 @@ class RaggedBuilder(ColumnBuilder):
         array = as_array(value)
         if array is None and isinstance(value, (list, tuple)) and not value:
             array = np.empty((0,), dtype=storage_dtype(self.ctype.dtype))  # an empty token list
-        elif array is None or array_dtype(value, array) != self.ctype.dtype:
-            raise self.mismatch(position, value, "convert it to that dtype before writing")
-        if array.ndim != self.ctype.ndim:
+        elif array is None:
             raise self.mismatch(position, value)
+        elif (found := array_dtype(value, array)) != self.ctype.dtype:
+            cast = cast_exact(array, self.ctype.dtype) if found is not None else None
+            if cast is None:
+                raise _cast_refused(self, position, value, found or "?")
+            array = cast
+        if array.ndim != self.ctype.ndim:
+            raise InferenceError(self.mismatch(position, value).args[0], self.name, position,
+                                 Ragged(self.ctype.dtype, array.ndim))
         self.parts.append(np.ascontiguousarray(array, dtype=storage_dtype(self.ctype.dtype)).reshape(-1))
         self.shapes.append(array.shape)
         return array.nbytes + 8
@@ -246,8 +296,64 @@ class MapBuilder(ColumnBuilder):
         return pa.array(rows, type=self.type)
 
 
+def _blank(ctype: ColumnType) -> Any:
+    """The value a nullable column stores under a null: zeros, or empty."""
+    if isinstance(ctype, Tensor):
+        return np.zeros(ctype.shape, dtype=np.bool_ if ctype.dtype == "bool" else storage_dtype(ctype.dtype))
+    if isinstance(ctype, Scalar):
+        return False if ctype.dtype == "bool" else 0
+    if isinstance(ctype, Ragged):
+        return np.zeros((0,) * ctype.ndim, dtype=storage_dtype(ctype.dtype))
+    return {Bytes: b"", String: "", Map: {}}[type(ctype)]
+
+
+class NullableBuilder(ColumnBuilder):
+    """A column of the inner type whose None rows become Arrow nulls (over a zeroed or empty value)."""
+
+    def __init__(self, name: str, ctype: Nullable) -> None:
+        super().__init__(name, ctype)
+        self.inner = make_builder(name, ctype.value)
+        self.blank = _blank(ctype.value)
+        if isinstance(ctype.value, Tensor) and ctype.value.dtype == "bfloat16":
+            self.blank = np.zeros(ctype.value.shape, dtype=np.uint16)
+        self.valid: list[bool] = []
+
+    def append(self, value: Any, position: int) -> int:
+        if value is None:
+            self.valid.append(False)
+            if isinstance(self.ctype.value, (Tensor, Ragged)) and self.ctype.value.dtype == "bfloat16":
+                import torch
+
+                return self.inner.append(torch.from_numpy(self.blank).view(torch.bfloat16), position)
+            return self.inner.append(self.blank, position)
+        self.valid.append(True)
+        return self.inner.append(value, position)
+
+    def finish(self) -> pa.Array:
+        valid, self.valid = np.asarray(self.valid, dtype=bool), []
+        array = self.inner.finish()
+        return array if valid.all() else with_nulls(array, valid)
+
+
+def with_nulls(array: pa.Array, valid: np.ndarray) -> pa.Array:
+    """``array`` (offset 0) with the rows where ``valid`` is False made null (its buffers unchanged)."""
+    if isinstance(array, pa.ExtensionArray):
+        return pa.ExtensionArray.from_storage(array.type, with_nulls(array.storage, valid))
+    kind = array.type
+    if pa.types.is_struct(kind):
+        children = [array.field(i) for i in range(kind.num_fields)]
+    elif kind.num_fields:
+        children = [array.values]
+    else:
+        children = None
+    mask = pa.py_buffer(np.packbits(valid.astype(np.uint8), bitorder="little").tobytes())
+    buffers = array.buffers()[: kind.num_buffers]
+    return pa.Array.from_buffers(kind, len(array), [mask, *buffers[1:]], null_count=int((~valid).sum()), children=children)
+
+
 def make_builder(name: str, ctype: ColumnType) -> ColumnBuilder:
     builders: dict[type, type[ColumnBuilder]] = {
+        Nullable: NullableBuilder,
         Tensor: TensorBuilder,
         Scalar: ScalarBuilder,
         Ragged: RaggedBuilder,

@@ -14,6 +14,8 @@ string      list of str                                    ``pyarrow.LargeString
 json        list of decoded values (one ``json.loads``)    ``LargeStringArray`` of JSON text
 map         list of dicts, keys in stored order            ``pyarrow.MapArray``
 ragged      list of tensors (views of one buffer)          ``pyarrow.LargeListArray``
+nullable    the inner type's batch when no row is None,    the inner type's Arrow array
+            else a list with None for the missing rows     with nulls
 ==========  ============================================  ===============================
 
 Fixed-size columns (tensors, scalars) are gathered by the reader itself into
@@ -33,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from chute.format.schema import Bytes, ColumnType, Json, Map, Ragged, Scalar, String, Tensor, storage_dtype
+from chute.format.schema import Bytes, ColumnType, Json, Map, Nullable, Ragged, Scalar, String, Tensor, storage_dtype
 
 from chute import _native
 
@@ -220,6 +222,61 @@ class RaggedReader(ColumnReader):
         return parts
 
 
+class NullableReader(ColumnReader):
+    """Nullable columns: a validity byte per row gathered beside the inner column's rows.
+
+    What ``default_collate`` users expect: a batch with no None in it is the
+    inner type's batch (a stacked tensor for a tensor or scalar column); a batch
+    with some is a list holding None for those rows and, for the others, what
+    the inner type gives one row (a tensor, str, bytes, dict).
+    """
+
+    def __init__(self, name: str, ctype: Nullable) -> None:
+        super().__init__(name, ctype)
+        inner = ctype.value
+        self.fixed = isinstance(inner, (Tensor, Scalar))
+        self.inner = None if self.fixed else reader_for(name, inner)
+        if self.fixed:
+            self.shape = tuple(inner.shape) if isinstance(inner, Tensor) else ()
+            self.row_bytes = inner.row_bytes
+            self.numpy = numpy_dtype(inner.dtype)
+            self.torch = torch_dtype(inner.dtype)
+
+    def source(self, column: pa.Array) -> Any:
+        bitmap = column.buffers()[0] if not isinstance(column, pa.ExtensionArray) else column.storage.buffers()[0]
+        if bitmap is None or column.null_count == 0:
+            valid = np.ones(len(column), dtype=np.uint8)
+        else:
+            bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+            valid = bits[column.offset : column.offset + len(column)].astype(np.uint8)
+        inner = fixed_source(column, self.ctype.value) if self.fixed else self.inner.source(column)
+        return valid, inner
+
+    def read(self, indices: np.ndarray, offsets: np.ndarray, sources: list, columnar: bool) -> Any:
+        n = len(indices)
+        valid = np.empty(n, dtype=np.uint8)
+        inner_sources = [None if s is None else s[1] for s in sources]
+        columns = [([None if s is None else s[0] for s in sources], valid, 1)]
+        if self.fixed:
+            rows = np.empty((n, *self.shape), dtype=self.numpy)
+            columns.append((inner_sources, rows.view(np.uint8) if rows.dtype == np.bool_ else rows, self.row_bytes))
+        _native.gather(indices, offsets, tuple(columns))
+        present = valid.astype(bool)
+        if self.fixed:
+            value: Any = torch.from_numpy(rows)
+            if value.dtype != self.torch:  # bfloat16, stored as uint16
+                value = value.view(self.torch)
+        else:
+            value = self.inner.read(indices, offsets, inner_sources, columnar)
+        if columnar and not self.fixed:
+            from chute.format.builders import with_nulls
+
+            return value if present.all() else with_nulls(value, present)
+        if present.all():
+            return value
+        return [value[j] if ok else None for j, ok in enumerate(present.tolist())]
+
+
 def sources_shapes(sources: list) -> list:
     return [None if s is None else s[1] for s in sources]
 
@@ -234,6 +291,8 @@ def reader_for(name: str, ctype: ColumnType) -> ColumnReader:
         return MapReader(name, ctype)
     if isinstance(ctype, Ragged):
         return RaggedReader(name, ctype)
+    if isinstance(ctype, Nullable):
+        return NullableReader(name, ctype)
     raise AssertionError(f"not a variable-size column type: {ctype!r}")
 
 

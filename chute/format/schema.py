@@ -1,6 +1,7 @@
 """Column types, the dataset schema, and schema inference from samples.
 
-A chute schema is an ordered list of named columns, each of one of seven kinds:
+A chute schema is an ordered list of named columns, each of one of seven kinds
+(any of them but json may be wrapped in :class:`Nullable`, see below):
 
 ========  =====================================  ===========================================
 kind      Python value written                   Arrow storage
@@ -15,7 +16,10 @@ map       dict of str to str/bytes/int/float     ``map<large_string, V>``
 json      any JSON-serialisable value            ``large_string`` holding JSON text
 ========  =====================================  ===========================================
 
-``docs/format.md`` is the authoritative description of the layout.
+A :class:`Nullable` column holds ``None`` in some rows (a key missing from some
+samples): its Arrow field is nullable and those rows are Arrow nulls over a zeroed
+(or empty) value of the inner type. ``docs/format.md`` is the authoritative
+description of the layout.
 """
 
 from __future__ import annotations
@@ -172,15 +176,42 @@ class Json:
         return "JSON value"
 
 
-ColumnType = Union[Tensor, Ragged, Scalar, Bytes, String, Map, Json]
+_PLAIN = (Tensor, Ragged, Scalar, Bytes, String, Map, Json)
+
+
+@dataclasses.dataclass(frozen=True)
+class Nullable:
+    """A column of type ``value`` that holds ``None`` in some rows (a key some samples lack).
+
+    A batch of it is what ``default_collate`` users expect: the batch of the
+    inner type when no row of the batch is None, else a list with None where a
+    row is missing (and each other row as the inner type gives it).
+    """
+
+    value: Union[Tensor, Ragged, Scalar, Bytes, String, Map]
+    kind: ClassVar[str] = "nullable"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, _PLAIN):
+            raise SchemaError(f"Nullable wraps a column type (Tensor, Ragged, Scalar, Bytes, String or Map), got {self.value!r}")
+        if isinstance(self.value, Json):
+            raise SchemaError("a JSON column holds None (JSON null) already: use chute.Json() without Nullable")
+
+    def describe(self) -> str:
+        return f"{self.value.describe()} or None"
+
+
+ColumnType = Union[Tensor, Ragged, Scalar, Bytes, String, Map, Json, Nullable]
 FIXED_SIZE = (Tensor, Scalar)
 """Column types whose rows are fixed-size byte ranges: gathered without Python objects."""
 
-_KINDS: dict[str, type] = {t.kind: t for t in (Tensor, Ragged, Scalar, Bytes, String, Map, Json)}
+_KINDS: dict[str, type] = {t.kind: t for t in (*_PLAIN, Nullable)}
 
 
 def column_to_json(name: str, ctype: ColumnType) -> dict[str, Any]:
-    """The manifest's description of one column."""
+    """The manifest's description of one column (a nullable one: its inner type's, plus ``"nullable": true``)."""
+    if isinstance(ctype, Nullable):
+        return {**column_to_json(name, ctype.value), "nullable": True}
     out: dict[str, Any] = {"name": name, "kind": ctype.kind}
     for field in dataclasses.fields(ctype):
         value = getattr(ctype, field.name)
@@ -192,17 +223,34 @@ def column_from_json(entry: Mapping[str, Any]) -> tuple[str, ColumnType]:
     """Inverse of :func:`column_to_json`."""
     try:
         cls = _KINDS[entry["kind"]]
+        if cls is Nullable:
+            raise KeyError("kind")
         kwargs = {f.name: entry[f.name] for f in dataclasses.fields(cls)}
-        return str(entry["name"]), cls(**kwargs)
+        ctype = cls(**kwargs)
+        if entry.get("nullable", False) is True:
+            ctype = Nullable(ctype)
+        return str(entry["name"]), ctype
     except (KeyError, TypeError) as exc:
         raise SchemaError(f"invalid column description {dict(entry)!r}: {exc}") from None
+
+
+def spell(ctype: ColumnType) -> str:
+    """The Python expression of a column type, as a user writes it: ``chute.Ragged("float32", 3)``."""
+    if isinstance(ctype, Nullable):
+        return f"chute.Nullable({spell(ctype.value)})"
+    args = [repr(getattr(ctype, field.name)) for field in dataclasses.fields(ctype)]
+    if isinstance(ctype, Ragged):
+        args[1] = f"ndim={ctype.ndim}"
+    return f"chute.{type(ctype).__name__}({', '.join(args)})"
 
 
 # --------------------------------------------------------------------------- arrow mapping
 
 
 def arrow_type(ctype: ColumnType) -> pa.DataType:
-    """The Arrow storage type of a column."""
+    """The Arrow storage type of a column (a nullable column's is its inner type's)."""
+    if isinstance(ctype, Nullable):
+        return arrow_type(ctype.value)
     if isinstance(ctype, Tensor):
         return pa.fixed_shape_tensor(_DTYPES[ctype.dtype][1], list(ctype.shape))
     if isinstance(ctype, Ragged):
@@ -242,7 +290,7 @@ class Schema:
             if not isinstance(ctype, tuple(_KINDS.values())):
                 raise SchemaError(
                     f"column {name!r}: {ctype!r} is not a column type; use chute.Tensor, Ragged, "
-                    "Scalar, Bytes, String, Map or Json"
+                    "Scalar, Bytes, String, Map, Json or Nullable"
                 )
         return cls(tuple(columns.items()))
 
@@ -277,7 +325,7 @@ class Schema:
             pa.field(
                 name,
                 arrow_type(ctype),
-                nullable=False,
+                nullable=isinstance(ctype, Nullable),
                 metadata={b"chute": json.dumps(column_to_json(name, ctype)).encode()},
             )
             for name, ctype in self.columns

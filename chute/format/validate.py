@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from chute.errors import ShardError
 from chute.format.manifest import Manifest, ShardInfo
-from chute.format.schema import ColumnType, Ragged, Schema
+from chute.format.schema import ColumnType, Nullable, Ragged, Schema
 
 
 def _advice(info: ShardInfo) -> str:
@@ -106,7 +106,7 @@ def check_batches(batches: list[pa.RecordBatch], info: ShardInfo, schema: Schema
                 column.validate(full=True)
             except (pa.ArrowException, ValueError) as exc:
                 raise ShardError(f"{where}: shard {info.file}, column {name!r} is not valid Arrow data ({exc}); " + _advice(info)) from None
-            if _has_nulls(column):
+            if _has_nulls(column, top=not isinstance(ctype, Nullable)):
                 raise ShardError(f"{where}: shard {info.file}, column {name!r} has missing values, which chute never writes; " + _advice(info))
             problem = _shape_problem(column, ctype)
             if problem:
@@ -129,12 +129,13 @@ def _shape_problem(column: pa.Array, ctype: ColumnType) -> str | None:
     return None
 
 
-def _has_nulls(array: pa.Array) -> bool:
-    """Whether ``array`` or any of its children has a null (chute's columns are all non-nullable)."""
-    if array.null_count:
+def _has_nulls(array: pa.Array, top: bool = True) -> bool:
+    """Whether ``array`` or any of its children has a null (``top``: the array itself too; a
+    Nullable column's rows may be null, nothing inside them)."""
+    if top and array.null_count:
         return True
     if isinstance(array, pa.ExtensionArray):
-        return _has_nulls(array.storage)
+        return _has_nulls(array.storage, top)
     if isinstance(array, pa.StructArray):
         return any(_has_nulls(array.field(k)) for k in range(array.type.num_fields))
     if isinstance(array, pa.MapArray):

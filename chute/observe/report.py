@@ -327,6 +327,14 @@ def _attribute(
             f"not yet in the cache{detail}{speed}"
         ), None
 
+    first = context.first_batch_s
+    if first is not None and first >= 0.5 * consumer.wait_ns / 1e9:  # the wait is start-up, not a stage's work
+        starting = "worker processes starting, " if context.workers_kind == "processes" else ""
+        return None, (
+            f"start-up: the loop waited {wait_fraction:.0%} of its time, {first:.2f} s of it for the first batch "
+            f"({starting}shards opening); measure a longer window for the steady state"
+        ), None
+
     device = stages.get("device")
     if device is not None and device.utilisation >= SATURATED and device.utilisation >= pool_util:
         return "device", (

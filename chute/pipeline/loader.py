@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from chute._state import check_state
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
 from chute.observe.hooks import Hooks
@@ -246,6 +247,7 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, possibly of another world size)."""
+        state = check_state(state)  # a malformed state: a ChuteError naming what is wrong, not a KeyError
         if self._progressive is not None:
             if "progressive_shards" not in state:
                 raise ChuteError("cannot resume a progressive loader from the state of a non-progressive one")

@@ -9,7 +9,7 @@ in part order (parts keep the source's order; Ray keeps the parts' order).
 
 from __future__ import annotations
 
-import itertools
+import math
 import os
 from typing import Any
 
@@ -19,6 +19,7 @@ import chute
 from chute.errors import ChuteError
 from chute.format.schema import infer_schema
 from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE
+from chute._sizes import parse_size
 from chute.ray.sink import ChuteDatasink, run
 from chute.sources.parts import plan
 
@@ -47,14 +48,32 @@ def convert_on_ray(
     source = plan(src, kind, allow_pickle=allow_pickle, **options, **kind_specific)
     if not source.parts:
         raise ChuteError(f"{src} holds no samples to convert")
+    first = [sample for sample, _ in source.read(source.parts[0])]  # the first part, read here
     schema = source.schema
-    if schema is None:  # as the converter does: from the first samples (read here)
-        first = [sample for sample, _ in itertools.islice(source.read(source.parts[0]), DEFAULT_LOOKAHEAD)]
-        schema = infer_schema(first, first_position=0)
+    if schema is None:  # as the converter does: from the first samples
+        schema = infer_schema(first[:DEFAULT_LOOKAHEAD], first_position=0)
+    per_part = max(1, sum(sample_bytes(sample) for sample in first))
+    parts_per_write = max(1, math.ceil(max(1, parse_size(shard_size)) / per_part))
     connect(address)
     parts = ray.data.from_items([{"part": i} for i in range(len(source.parts))], override_num_blocks=len(source.parts))
     parts.context.execution_options.preserve_order = True
     sink = ChuteDatasink(
         dst, schema=schema, shard_size=shard_size, overwrite=overwrite, metadata=source.metadata, plan=source,
+        parts_per_write=parts_per_write,
     )
     return run(parts, sink)
+
+
+def sample_bytes(sample: dict[str, Any]) -> int:
+    """About the bytes a sample adds to a shard (arrays, bytes and strings by size, anything else 8)."""
+    total = 0
+    for value in sample.values():
+        if hasattr(value, "nbytes"):
+            total += int(value.nbytes)
+        elif isinstance(value, (bytes, str)):
+            total += len(value) + 8
+        elif isinstance(value, dict):
+            total += sum(len(str(k)) + len(str(v)) for k, v in value.items()) + 16
+        else:
+            total += 8
+    return total

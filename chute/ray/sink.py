@@ -63,9 +63,11 @@ class ChuteDatasink(Datasink):
         storage_options: Mapping[str, Any] | None = None,
         durable: bool = True,
         plan: SourcePlan | None = None,
+        parts_per_write: int | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.plan = plan  # chute convert --ray: the blocks hold part numbers of this plan
+        self.parts_per_write = parts_per_write  # with a plan: how many parts make about one shard
         self.schema = schema if isinstance(schema, Schema) else Schema.from_dict(dict(schema))
         self.shard_size = max(1, parse_size(shard_size))
         self.metadata = dict(metadata or {})
@@ -76,6 +78,17 @@ class ChuteDatasink(Datasink):
         self.token = secrets.token_hex(4)  # names every file this write makes, so a failed write can find them
         self.manifest = None
         self._writer: Writer | None = None  # the driver's: lock, overwrite check, manifest
+
+    @property
+    def min_bytes_per_write(self) -> int | None:
+        """Ray bundles blocks until a write task has about a shard's worth: small blocks are coalesced,
+        not written as a shard each (200 blocks of 10 rows made 200 shards)."""
+        return self.shard_size if self.plan is None else None
+
+    @property
+    def min_rows_per_write(self) -> int | None:
+        """With a plan, the blocks hold part numbers: a write task takes enough parts for about one shard."""
+        return self.parts_per_write if self.plan is not None else None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

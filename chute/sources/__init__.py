@@ -10,6 +10,7 @@ module                 source
 ``hf``                 a Hugging Face ``datasets.Dataset`` or ``save_to_disk`` dir
 ``npy``                NumPy ``.npy`` / ``.npz``
 ``webdataset``         WebDataset tar shards
+``jsonl``              JSON lines files
 ``detect``             which of these a path is
 ``dispatch``           ``convert``: detect, then run the right converter
 ``_files``             reading one file by extension (the pickle rule lives here)
@@ -17,6 +18,9 @@ module                 source
 ``_column_type``       a column type written as text (``--data-type``)
 ``_parallel``          reader processes with results in source order
 ``_write``             samples -> committed dataset, errors naming the source
+``_dicts``             dict samples -> columns (the plan), ``cast=True``
+``_hints``             errors that carry their fix (Python or CLI syntax)
+``_remote``            sources at a URL (through chute.storage.remote)
 ``_progress``          the progress bar on stderr
 =====================  ==========================================================
 
@@ -30,6 +34,7 @@ from chute.sources.dispatch import convert
 from chute.sources.hf import from_hf
 from chute.sources.images import from_image_folder
 from chute.sources.index import from_index
+from chute.sources.jsonl import from_jsonl
 from chute.sources.npy import from_numpy
 from chute.sources.webdataset import from_webdataset
 
@@ -41,6 +46,7 @@ __all__ = [
     "from_hf",
     "from_image_folder",
     "from_index",
+    "from_jsonl",
     "from_numpy",
     "from_webdataset",
 ]

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from chute.errors import ChuteError
-from chute.format.schema import Bytes, ColumnType, Json, Map, Ragged, Scalar, String, Tensor
+from chute.format.schema import Bytes, ColumnType, Json, Map, Nullable, Ragged, Scalar, String, Tensor
 
 ROWS_PER_SLICE = 1024
 """Rows converted to Python values at a time."""
@@ -50,7 +50,9 @@ class Column:
     name: str
     ctype: ColumnType
     convert: Callable[[pa.Array], Sequence[Any]]  # one batch's column -> one value per row
-    nullable: bool = False  # Json columns store nulls as JSON null; others cannot
+    nullable: bool = False  # Json and Nullable columns store nulls (JSON null, None); others cannot
+    source: str = ""  # a struct's field: the top-level Arrow column it is in ...
+    path: tuple[str, ...] = ()  # ... and the field names down to it
 
 
 class ColumnError(ChuteError):
@@ -201,11 +203,42 @@ def plan_columns(schema: pa.Schema, scans: dict[str, ShapeScan], *, where: str) 
     """The chute column each Arrow field becomes, and how to convert its values."""
     columns = []
     for field in schema:
+        if _flat_struct(field.type):
+            columns.extend(_struct_columns(field.name, field.name, (), field.type))
+            continue
         column = _plan_column(field.name, field.type, scans.get(field.name))
         columns.append(column)
     if not columns:
         raise ChuteError(f"{where} has no columns; there is nothing to convert")
     return columns
+
+
+def _flat_struct(t: pa.DataType) -> bool:
+    """A struct (not an image/audio file) whose fields, at every depth, are numbers, strings, bytes or structs:
+    its fields become columns ``parent.child`` (Parquet structs, Hugging Face dict features)."""
+    if not pa.types.is_struct(t) or is_file_struct(t) or t.num_fields == 0:
+        return False
+    for k in range(t.num_fields):
+        child = t.field(k).type
+        flat = _flat_struct(child) or _is_numeric(child) or pa.types.is_string(child) or pa.types.is_large_string(child) \
+            or pa.types.is_binary(child) or pa.types.is_large_binary(child)
+        if not flat:
+            return False
+    return True
+
+
+def _struct_columns(name: str, source: str, path: tuple[str, ...], t: pa.StructType) -> list[Column]:
+    """One nullable column per leaf field of struct ``t`` (a missing struct or field is None)."""
+    out = []
+    for k in range(t.num_fields):
+        field = t.field(k)
+        child_name, child_path = f"{name}.{field.name}", (*path, field.name)
+        if pa.types.is_struct(field.type):
+            out.extend(_struct_columns(child_name, source, child_path, field.type))
+            continue
+        plain = _plan_column(child_name, field.type, None)
+        out.append(dataclasses.replace(plain, ctype=Nullable(plain.ctype), nullable=True, source=source, path=child_path))
+    return out
 
 
 def _plan_column(name: str, arrow_type: pa.DataType, scan: ShapeScan | None) -> Column:
@@ -363,7 +396,9 @@ def number_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.
 
 
 def _column_values(batch: pa.RecordBatch, column: Column, where: str, row0: int) -> Sequence[Any]:
-    array = batch.column(column.name)
+    array = batch.column(column.source or column.name)
+    for key in column.path:  # a struct's field, with the struct's own nulls carried down
+        array = array.flatten()[array.type.get_field_index(key)]
     if array.null_count and not column.nullable:
         first = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
         raise ChuteError(

@@ -3,8 +3,9 @@
 The text is the Python spelling of a :mod:`chute.format.schema` type, with or
 without the ``chute.`` prefix and quotes, in any case: ``json``, ``bytes``,
 ``string``, ``scalar(int64)``, ``map(json)``, ``ragged(float32, 2)``,
-``tensor(uint8, (3, 32, 32))``, ``chute.Ragged("int16", ndim=2)``. It is parsed,
-never evaluated.
+``tensor(uint8, (3, 32, 32))``, ``chute.Ragged("int16", ndim=2)``,
+``nullable(tensor(float32, (3,)))``. It is parsed, never evaluated.
+``--column-type`` takes ``NAME=TYPE`` (:func:`parse_named_column_type`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import ast
 from typing import Any
 
 from chute.errors import SchemaError
-from chute.format.schema import Bytes, ColumnType, Json, Map, Ragged, Scalar, String, Tensor
+from chute.format.schema import Bytes, ColumnType, Json, Map, Nullable, Ragged, Scalar, String, Tensor
 
 TYPES: dict[str, type] = {
     "tensor": Tensor,
@@ -24,6 +25,7 @@ TYPES: dict[str, type] = {
     "str": String,
     "map": Map,
     "json": Json,
+    "nullable": Nullable,
 }
 EXAMPLES = "json, bytes, string, scalar(int64), map(string), ragged(float32, 2), tensor(uint8, (3, 32, 32))"
 
@@ -34,12 +36,28 @@ def parse_column_type(text: str) -> ColumnType:
         node = ast.parse(text.strip(), mode="eval").body
     except SyntaxError:
         raise ValueError(f"cannot read {text!r} as a column type; write one of {EXAMPLES}") from None
+    return _parse_node(node, text)
+
+
+def parse_named_column_type(text: str) -> tuple[str, ColumnType]:
+    """``NAME=TYPE`` (``--column-type 'x=ragged(float32, 3)'``): the column's name and type."""
+    name, sep, spelled = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"write a column type as NAME=TYPE, e.g. 'x=ragged(float32, 3)', got {text!r}")
+    return name.strip(), parse_column_type(spelled)
+
+
+def _parse_node(node: ast.AST, text: str) -> ColumnType:
     call = node if isinstance(node, ast.Call) else None
     name = _name(call.func if call else node)
     cls = TYPES.get((name or "").lower())
     if cls is None:
         raise ValueError(f"{text!r} is not a column type; write one of {EXAMPLES}")
     try:
+        if cls is Nullable:
+            if not call or len(call.args) != 1:
+                raise ValueError("nullable takes one column type, e.g. nullable(scalar(int64))")
+            return Nullable(_parse_node(call.args[0], text))
         args = [_literal(a) for a in call.args] if call else []
         kwargs = {k.arg: _literal(k.value) for k in call.keywords} if call else {}
         return cls(*args, **kwargs)

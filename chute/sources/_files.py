@@ -69,12 +69,18 @@ def read_bytes(path: str) -> bytes:
     return gzip.decompress(raw) if path.lower().endswith(".gz") else raw
 
 
-def load_file(path: str, *, allow_pickle: bool = False) -> Any:
-    """The content of the file at ``path``, decoded according to its extension (see module doc)."""
+def load_file(path: str, *, allow_pickle: bool = False, storage_options: dict[str, Any] | None = None) -> Any:
+    """The content of the file at ``path`` (a local path or a URL), decoded according to its extension (see module doc)."""
     ext = inner_extension(path)
     if ext in PICKLE_EXTENSIONS and not allow_pickle:
         raise pickle_refused(path, 1, "the source")  # callers check up front; this is a backstop
-    raw = read_bytes(path)
+    if "://" in path:
+        from chute.sources._remote import read_url
+
+        raw = read_url(path, storage_options)
+        raw = gzip.decompress(raw) if path.lower().endswith(".gz") else raw
+    else:
+        raw = read_bytes(path)
     if ext in PICKLE_EXTENSIONS:
         return pickle.loads(raw)
     if ext == ".json":
@@ -84,7 +90,7 @@ def load_file(path: str, *, allow_pickle: bool = False) -> Any:
     return raw
 
 
-def load_indexed_file(item: tuple[str, str, str], *, allow_pickle: bool) -> Any:
+def load_indexed_file(item: tuple[str, str, str], *, allow_pickle: bool, storage_options: dict[str, Any] | None = None) -> Any:
     """``load_file`` for one index entry ``(where, path as written, resolved path)``.
 
     ``where`` names the entry ("index.csv row 12"); errors start with it and name the
@@ -92,7 +98,7 @@ def load_indexed_file(item: tuple[str, str, str], *, allow_pickle: bool) -> Any:
     """
     where, written, path = item
     try:
-        return load_file(path, allow_pickle=allow_pickle)
+        return load_file(path, allow_pickle=allow_pickle, storage_options=storage_options)
     except FileNotFoundError:
         raise ChuteError(
             f"{where}: file {written} does not exist (resolved to {path}); fix the index "

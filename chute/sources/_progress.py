@@ -1,9 +1,11 @@
-"""A small progress bar on stderr for the converters (no tqdm dependency).
+"""The converters' progress bar on stderr: tqdm on a terminal or in a notebook, rare whole lines in logs.
 
-On a terminal it redraws one line in place (``\\r``) at most ``1 / TTY_INTERVAL``
-times a second; when stderr is a file or a pipe (CI logs, ``nohup``) it prints a
-whole line at most every ``LOG_INTERVAL`` seconds, so logs stay short. Either
-way a final line gives the count, the time and the rate.
+On a terminal (or in a Jupyter notebook) it is a tqdm bar (done/total,
+percent, rate, ETA), redrawn at most ``1 / TTY_INTERVAL`` times a second. When
+stderr is a file or a pipe (CI logs, ``nohup``) a tqdm bar would fill the log
+with carriage returns, so a whole line in tqdm's format is printed at most every
+``LOG_INTERVAL`` seconds instead. Either way a final line gives the count, the
+time and the rate; ``enabled=False`` prints nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 TTY_INTERVAL = 0.1
 LOG_INTERVAL = 5.0
@@ -29,7 +31,7 @@ class Progress:
     """Counts items done out of ``total`` (None if unknown) and shows done/total, rate and ETA.
 
     Use as a context manager; leaving the block prints the final line (or, after an
-    error, just ends the in-place line so the error message starts on its own line)::
+    error, just ends the bar's line so the error message starts on its own line)::
 
         with Progress(len(files), "reading files") as bar:
             for f in files:
@@ -55,37 +57,47 @@ class Progress:
         self.clock = clock
         self.done = 0
         self.start = clock()
-        self.tty = enabled and _isatty(self.stream)
+        self.tty = enabled and (_isatty(self.stream) or _in_notebook(self.stream))
         self.interval = TTY_INTERVAL if self.tty else LOG_INTERVAL
         self._next_draw = self.start + self.interval
-        self._width = 0  # length of the line drawn last, to blank it out when redrawing
+        self._bar: Any = self._tqdm() if self.tty else None
+        self._closed = False
+
+    def _tqdm(self) -> Any:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.total, desc=self.desc, unit=f" {self.unit}", file=self.stream, mininterval=TTY_INTERVAL,
+                    dynamic_ncols=True, leave=True)
 
     def update(self, n: int = 1) -> None:
         """Record ``n`` more items done; redraw if the last draw is old enough."""
         self.done += n
-        if self.enabled:
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.enabled:
             now = self.clock()
             if now >= self._next_draw:
                 self._next_draw = now + self.interval
-                self._draw(self._status(now))
+                self._line(self._status(now))
 
     def note(self, message: str) -> None:
         """Print a message on its own line (a warning about the source, say)."""
-        if self.enabled:
-            self._end_line()
-            print(f"{self.desc}: {message}", file=self.stream, flush=True)
+        if self._bar is not None:
+            self._bar.write(f"{self.desc}: {message}", file=self.stream)
+        elif self.enabled:
+            self._line(f"{self.desc}: {message}")
 
     def close(self, ok: bool = True) -> None:
-        """Print the final line (``ok``) or just end the in-place line (after an error)."""
-        if not self.enabled:
+        """Print the final line (``ok``) or just end the bar's line (after an error)."""
+        if self._closed:
             return
-        if ok:
+        self._closed = True
+        if self._bar is not None:
+            self._bar.close()
+            return
+        if self.enabled and ok:
             elapsed = max(self.clock() - self.start, 1e-9)
-            self._draw(
-                f"{self.desc}: {self.done:,} {self.unit} in {format_duration(elapsed)} "
-                f"({self.done / elapsed:,.0f} {self.unit}/s)"
-            )
-        self._end_line()
+            self._line(f"{self.desc}: {self.done:,} {self.unit} in {format_duration(elapsed)} ({self.done / elapsed:,.0f} {self.unit}/s)")
 
     def __enter__(self) -> Progress:
         return self
@@ -106,20 +118,9 @@ class Progress:
             text += f", ETA {format_duration((self.total - self.done) / rate)}"
         return text
 
-    def _draw(self, text: str) -> None:
-        if self.tty:
-            pad = " " * max(0, self._width - len(text))
-            self.stream.write(f"\r{text}{pad}")
-            self._width = len(text)
-        else:
-            self.stream.write(text + "\n")
+    def _line(self, text: str) -> None:
+        self.stream.write(text + "\n")
         self.stream.flush()
-
-    def _end_line(self) -> None:
-        if self.tty and self._width:
-            self.stream.write("\n")
-            self.stream.flush()
-        self._width = 0
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -127,3 +128,10 @@ def _isatty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
+
+
+def _in_notebook(stream: TextIO) -> bool:
+    """Whether ``stream`` is a Jupyter kernel's stderr (where tqdm draws a widget or redraws in place)."""
+    if stream is not sys.stderr or "ipykernel" not in sys.modules:
+        return False
+    return type(stream).__module__.startswith("ipykernel")

@@ -19,6 +19,7 @@ from typing import Any
 import chute
 from chute.errors import SchemaError
 from chute.storage.open import open_dataset
+from chute.format.infer import InferenceError
 from chute.format.schema import ColumnType, Schema
 from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE
 from chute.storage.write import Writer
@@ -39,14 +40,17 @@ def write_samples(
     metadata: Mapping[str, Any] | None = None,
     shard_size: int | str = DEFAULT_SHARD_SIZE,
     overwrite: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> chute.Dataset:
-    """Write ``(sample, origin)`` pairs to a dataset at ``dst``, commit it and open it.
+    """Write ``(sample, origin)`` pairs to a dataset at ``dst`` (a folder, or a URL as for
+    ``chute.write``), commit it and open it.
 
     Without ``schema`` the writer infers the column types from the first samples.
     """
     # origins of the samples the writer may still complain about (its look-ahead window)
     recent: collections.deque[tuple[int, str]] = collections.deque(maxlen=DEFAULT_LOOKAHEAD + 1)
-    writer = Writer(dst, schema=schema, metadata=metadata, shard_size=shard_size, overwrite=overwrite)
+    writer = Writer(dst, schema=schema, metadata=metadata, shard_size=shard_size, overwrite=overwrite,
+                    storage_options=storage_options)
     with progress:
         try:
             for position, (sample, origin) in enumerate(samples):
@@ -54,6 +58,9 @@ def write_samples(
                 writer.append(sample)
                 progress.update()
             writer.close()
+        except InferenceError as exc:  # keeps its fix: the converter says it in its caller's terms
+            writer.abort()
+            raise InferenceError(_with_origin(exc.detail, recent), exc.column, exc.position, exc.fix, exc.cast) from None
         except SchemaError as exc:
             writer.abort()
             message = _with_origin(str(exc), recent)
@@ -61,7 +68,7 @@ def write_samples(
         except BaseException:
             writer.abort()
             raise
-    return open_dataset(writer.url)
+    return open_dataset(writer.url, storage_options=storage_options)
 
 
 def _with_origin(message: str, recent: collections.deque[tuple[int, str]]) -> str:

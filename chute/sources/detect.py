@@ -15,6 +15,7 @@ directory whose subdirectories hold images                images
 ========================================================  ============
 
 The checks run in that order; only names are looked at, never file contents.
+A URL (``s3://``, ``gs://``, ``https://``) is a file: its name decides.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from chute.errors import ChuteError
 from chute.sources._files import IMAGE_EXTENSIONS
 from chute.sources.arrow import ARROW_EXTENSIONS
 from chute.sources.hf import SAVED_MARKERS
+from chute.sources.jsonl import JSONL_EXTENSIONS
 from chute.sources.webdataset import TAR_EXTENSIONS, expand_braces
 
-KINDS = ("index", "images", "arrow", "hf", "numpy", "webdataset")
+KINDS = ("index", "images", "arrow", "hf", "numpy", "webdataset", "jsonl")
 INDEX_EXTENSIONS = (".csv", ".tsv", ".txt")
 NUMPY_EXTENSIONS = (".npy", ".npz")
 
@@ -41,6 +43,7 @@ def _kind_of_file(path: str) -> str | None:
         ("numpy", NUMPY_EXTENSIONS),
         ("arrow", ARROW_EXTENSIONS),
         ("webdataset", TAR_EXTENSIONS),
+        ("jsonl", JSONL_EXTENSIONS),
     ):
         if name.endswith(extensions):
             return kind
@@ -71,6 +74,16 @@ def _kind_of_dir(path: str) -> str | None:
     return None
 
 
+def _check_protocol(url: str) -> None:
+    """A URL whose scheme fsspec does not know is an error saying so (not "cannot tell its kind")."""
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(url.split("://", 1)[0])
+    except (ValueError, ImportError) as exc:
+        raise ChuteError(f"cannot open {url}: {exc}") from None
+
+
 def detect_kind(src: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
     """The kind of source ``src`` is (one of :data:`KINDS`), or a ChuteError saying to pass ``kind=``."""
     if isinstance(src, (list, tuple)):
@@ -85,7 +98,10 @@ def detect_kind(src: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
             return "hf"
         raise ChuteError(f"cannot convert a {type(src).__name__}; pass a path (or a datasets.Dataset)")
     path = os.fspath(src)
-    if os.path.isdir(path):
+    if "://" in path:
+        _check_protocol(path)
+        kind = _kind_of_file(path.split("?", 1)[0])
+    elif os.path.isdir(path):
         kind = _kind_of_dir(path)
     elif os.path.isfile(path):
         kind = _kind_of_file(path)
@@ -100,6 +116,6 @@ def detect_kind(src: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
             f"cannot tell what kind of source {path} is; pass kind= (chute convert --kind) with one of: "
             "index (a .csv/.tsv/.txt list of files), images (class folders of images), arrow "
             "(.parquet/.arrow/.feather files), hf (a Hugging Face save_to_disk directory), numpy "
-            "(.npy/.npz), webdataset (.tar shards)"
+            "(.npy/.npz), webdataset (.tar shards), jsonl (.jsonl/.ndjson JSON lines)"
         )
     return kind

@@ -9,12 +9,14 @@ from typing import Any
 
 import chute
 from chute.errors import ChuteError
+from chute.sources._remote import is_remote, local_copy
 from chute.sources._write import DEFAULT_SHARD_SIZE
 from chute.sources.arrow import from_arrow_files
 from chute.sources.detect import KINDS, detect_kind
 from chute.sources.hf import from_hf
 from chute.sources.images import from_image_folder
 from chute.sources.index import from_index
+from chute.sources.jsonl import from_jsonl
 from chute.sources.npy import from_numpy
 from chute.sources.webdataset import from_webdataset
 
@@ -25,7 +27,10 @@ CONVERTERS: dict[str, Callable[..., chute.Dataset]] = {
     "hf": from_hf,
     "numpy": from_numpy,
     "webdataset": from_webdataset,
+    "jsonl": from_jsonl,
 }
+TAKES_URLS = frozenset({"index", "jsonl"})
+"""Kinds that read URLs themselves; a remote source of another kind is downloaded to a temporary copy first."""
 USES_WORKERS = frozenset({"index", "images"})
 """Kinds read by a pool of processes; the others stream natively (Arrow) or sequentially (tar, npy)."""
 
@@ -75,6 +80,13 @@ def convert(
     if kind == "index":
         options["allow_pickle"] = allow_pickle
     converter = CONVERTERS[kind]
+    if kind not in TAKES_URLS and isinstance(src, (str, os.PathLike)) and is_remote(os.fspath(src)):
+        if kind not in ("arrow", "webdataset", "numpy"):
+            raise ChuteError(f"{src}: a remote {kind} source cannot be converted where it is; copy it locally first")
+        storage_options = kind_specific.pop("storage_options", None)
+        _check_options(kind, converter, kind_specific)
+        with local_copy(os.fspath(src), storage_options) as path:
+            return converter(path, dst, **options, **kind_specific)
     _check_options(kind, converter, kind_specific)
     return converter(src, dst, **options, **kind_specific)
 

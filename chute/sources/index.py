@@ -6,10 +6,17 @@ read and decoded by its extension (see :mod:`chute.sources._files`) in reader
 processes; the main process writes one row per index entry, in index order:
 
 * ``path``: the path as written in the index (``\\`` separators become ``/``);
-* every other index column, typed int if all its values parse as int, else float
-  if they all parse as float, else str;
-* ``data``: the file's content (a dict becomes a map column, so keys that differ
-  from file to file are all kept).
+* every other index column, typed by its first row: int if it parses as int, else
+  float if it parses as float, else str; a later row that does not parse the same
+  way is an error naming it (never a silent change of type);
+* the file's content: a dict whose keys are record fields (the usual
+  ``{"x": array, "label": int, "id": str}``) becomes one column per key, nested
+  dicts ``meta.width``; anything else (and a dict whose keys vary from file to
+  file) is the column ``data``.
+
+The column types come from every file (a first pass reads them all and keeps
+only a summary, see :mod:`chute.format.infer`), so a shape that changes in the
+last file makes a ragged column and a key that some files lack a nullable one.
 
 An unnamed first column (what pandas' ``DataFrame.to_csv`` writes for the row
 index) is skipped. Pickles are refused unless the caller opts in, before any file
@@ -21,25 +28,28 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import io
 import os
-from collections.abc import Iterator
+import posixpath
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import chute
 from chute.errors import ChuteError
+from chute.format.infer import Column, InferenceError, Summary, extract
+from chute.sources._dicts import plan_columns, rounded, rounding
 from chute.format.schema import ColumnType, Scalar, String
 from chute.sources._files import is_pickle, load_indexed_file, pickle_refused
+from chute.sources._hints import FixableError, from_inference
+from chute.sources._remote import is_remote, join_url, read_url, split_url, url_exists
 from chute.sources._parallel import OrderedPool, call_chunk, chunk_size_for, chunked
 from chute.sources._progress import Progress
 from chute.sources._write import DEFAULT_SHARD_SIZE, write_samples
 
 DATA_COLUMN = "data"
 PATH_COLUMN = "path"
-DATA_TYPE_HINT = (
-    "declare the data column's type with from_index(..., data_type=...) or chute convert --data-type TYPE, "
-    "e.g. data_type=chute.Ragged(\"float32\", 2) or --data-type 'ragged(float32, 2)'"
-)
 ROOT_HINT = "if the index's paths are relative to another folder, pass root= (chute convert --root FOLDER)"
+API = "from_index() / convert()"
 
 
 @dataclasses.dataclass
@@ -52,14 +62,20 @@ class Index:
     extras: dict[str, list[Any]]  # other columns, typed
 
     def base(self, root: str | os.PathLike | None = None) -> str:
-        """The folder relative paths start from: ``root`` if given, else the index file's folder."""
+        """The folder relative paths start from: ``root`` if given, else the index file's folder (a URL's too)."""
+        if root is not None and is_remote(os.fspath(root)):
+            return os.fspath(root).rstrip("/")
+        if root is None and is_remote(self.source):
+            return split_url(self.source)[0]
         folder = os.path.expanduser(os.fspath(root)) if root is not None else os.path.dirname(self.source)
         return os.path.abspath(folder)
 
     def resolve(self, root: str | os.PathLike | None = None) -> list[str]:
-        """The paths made absolute (relative ones are relative to :meth:`base`)."""
+        """The paths made absolute (relative ones are relative to :meth:`base`); URLs under a URL base."""
         base = self.base(root)
-        return [os.path.normpath(os.path.join(base, p)) for p in self.paths]
+        if is_remote(base):
+            return [join_url(base, p) for p in self.paths]
+        return [p if is_remote(p) else os.path.normpath(os.path.join(base, p)) for p in self.paths]
 
 
 def normalise_path(path: str) -> str:
@@ -67,34 +83,42 @@ def normalise_path(path: str) -> str:
     return path.replace("\\", "/")
 
 
-def read_index(index_path: str | os.PathLike, *, path_column: str | None = None) -> Index:
-    """Parse an index: ``.csv``/``.tsv`` with a header row, anything else one path per line."""
+def read_index(index_path: str | os.PathLike, *, path_column: str | None = None,
+               column_types: Mapping[str, ColumnType] | None = None, storage_options: Mapping[str, Any] | None = None) -> Index:
+    """Parse an index (a local file or a URL): ``.csv``/``.tsv`` with a header row, anything else one path per line."""
     source = os.fspath(index_path)
-    if os.path.isdir(source):
-        raise ChuteError(f"{source} is a folder; an index source is a .csv/.tsv file or a text file of paths")
-    if not os.path.isfile(source):
-        raise ChuteError(f"index file {source} does not exist")
+    if is_remote(source):
+        try:
+            text = read_url(source, storage_options).decode("utf-8-sig")
+        except FileNotFoundError:
+            raise ChuteError(f"index file {source} does not exist") from None
+    else:
+        if os.path.isdir(source):
+            raise ChuteError(f"{source} is a folder; an index source is a .csv/.tsv file or a text file of paths")
+        if not os.path.isfile(source):
+            raise ChuteError(f"index file {source} does not exist")
+        with open(source, encoding="utf-8-sig", newline="") as f:
+            text = f.read()
     if source.lower().endswith((".csv", ".tsv")):
-        return _read_csv(source, "\t" if source.lower().endswith(".tsv") else ",", path_column)
+        return _read_csv(source, text, "\t" if source.lower().endswith(".tsv") else ",", path_column, column_types or {})
     if path_column is not None:
         raise ChuteError(f"path_column={path_column!r} needs a CSV index with a header row; {source} is a list of paths")
-    return _read_lines(source)
+    return _read_lines(source, text)
 
 
-def _read_lines(source: str) -> Index:
+def _read_lines(source: str, text: str) -> Index:
     paths, places = [], []
-    name = os.path.basename(source)
-    with open(source, encoding="utf-8-sig") as f:
-        for line_number, line in enumerate(f, start=1):
-            if line.strip():
-                paths.append(normalise_path(line.strip()))
-                places.append(f"{name} line {line_number}")
+    name = posixpath.basename(source)
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            paths.append(normalise_path(line.strip()))
+            places.append(f"{name} line {line_number}")
     return Index(source, paths, places, {})
 
 
-def _read_csv(source: str, delimiter: str, path_column: str | None) -> Index:
-    name = os.path.basename(source)
-    with open(source, newline="", encoding="utf-8-sig") as f:
+def _read_csv(source: str, text: str, delimiter: str, path_column: str | None, column_types: Mapping[str, ColumnType]) -> Index:
+    name = posixpath.basename(source)
+    with io.StringIO(text, newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         header = next(reader, None)
         if not header:
@@ -128,7 +152,25 @@ def _read_csv(source: str, delimiter: str, path_column: str | None) -> Index:
                 f"index {source} has a column {clash!r} besides the path column {path_column!r}; the "
                 f"output uses {clash!r} for the file's path/content: rename that column"
             )
-    return Index(source, paths, places, {column: parse_column(values) for column, values in columns.items()})
+    return Index(source, paths, places, {column: _typed(values, column, places, column_types.get(column))
+                                         for column, values in columns.items()})
+
+
+def _typed(values: list[str], name: str, places: list[str], declared: ColumnType | None) -> list[Any]:
+    """An index column's values: as declared (str, or numbers of a scalar type), else typed by :func:`parse_column`."""
+    if declared is None:
+        return parse_column(values, name, places)
+    if isinstance(declared, String):
+        return values
+    if isinstance(declared, Scalar):
+        parse = float if declared.dtype.startswith(("float", "bfloat")) else int
+        for k, value in enumerate(values):
+            try:
+                parse(value)
+            except ValueError:
+                raise ChuteError(f"{places[k]}: column {name!r} holds {value!r}, not a {declared.dtype} number") from None
+        return [parse(v) for v in values]
+    raise ChuteError(f"index column {name!r} can be declared string or scalar(...), not {declared.describe()}")
 
 
 def _columns_to_read(header: list[str], source: str) -> list[int]:
@@ -145,14 +187,43 @@ def _columns_to_read(header: list[str], source: str) -> list[int]:
     return kept
 
 
-def parse_column(values: list[str]) -> list[int] | list[float] | list[str]:
-    """The values as ints if all parse as int, else floats if all parse as float, else as they are."""
-    for parse in (int, float):
+def parse_column(values: list[str], name: str = "", places: list[str] | None = None) -> list[int] | list[float] | list[str]:
+    """The values typed by the first one: ints if it parses as int, floats if as float, else strs.
+
+    A later value that does not parse like the first (``"7"`` then ``"cat"``) is an
+    error naming its row: a label column never turns into strings silently. An int
+    column with a float value becomes float (every int is a float).
+    """
+    if not values:
+        return values
+    first = _parse_kind(values[0])
+    if first is str:
+        return values
+    kinds = [int, float] if first is int else [float]
+    for kind in kinds:
         try:
-            return [parse(v) for v in values]
+            return [kind(v) for v in values]
+        except ValueError:
+            continue
+    for k, value in enumerate(values):
+        if _parse_kind(value) is str:
+            where = places[k] if places else f"row {k + 1}"
+            raise FixableError(
+                f"{where}: column {name!r} holds {value!r}, but its first row holds the number {values[0]!r}; "
+                "a column keeps one type",
+                {"column_types": {name: String()}}, API,
+            )
+    return values
+
+
+def _parse_kind(text: str) -> type:
+    for kind in (int, float):
+        try:
+            kind(text)
+            return kind
         except ValueError:
             pass
-    return values
+    return str
 
 
 def check_pickles(index: Index, allow_pickle: bool) -> None:
@@ -173,6 +244,9 @@ def from_index(
     path_column: str | None = None,
     root: str | os.PathLike | None = None,
     data_type: ColumnType | None = None,
+    column_types: Mapping[str, ColumnType] | None = None,
+    cast: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
     workers: int | None = None,
     start_method: str | None = None,
     shard_size: int | str = DEFAULT_SHARD_SIZE,
@@ -181,57 +255,107 @@ def from_index(
 ) -> chute.Dataset:
     """Convert the files listed in ``index_path`` (CSV/TSV with a header, or one path per line).
 
-    Columns: ``path``, the index's other columns, and ``data`` (each file's content by
-    extension: ``.pkl``/``.pickle`` unpickled (only with ``allow_pickle=True``), ``.json``
-    parsed, ``.npy`` loaded, images and anything else as bytes; ``.gz`` is gunzipped
-    first). The path column is ``path_column``, else ``path`` if present, else the first
-    named one. Relative paths start from ``root``, by default the index file's folder;
-    ``\\`` separators are read as ``/``. ``data``'s type is inferred from the
-    first files unless ``data_type`` declares it (e.g. ``chute.Ragged("float32", 2)`` when
-    ``.npy`` shapes vary beyond the first files). Files are read by ``workers``
-    processes (default: one per CPU; 0 reads in this process).
+    Columns: ``path``, the index's other columns, and each file's content (by
+    extension: ``.pkl``/``.pickle`` unpickled (only with ``allow_pickle=True``),
+    ``.json`` parsed, ``.npy`` loaded, images and anything else as bytes; ``.gz`` is
+    gunzipped first): a dict of record fields is one column per key (nested dicts
+    ``meta.width``), anything else the column ``data``. The path column is
+    ``path_column``, else ``path`` if present, else the first named one. Relative
+    paths start from ``root``, by default the index file's folder; ``\\``
+    separators are read as ``/``. Column types are inferred from every file;
+    ``column_types`` (``{"x": chute.Ragged("float32", ndim=3)}``; ``data_type``
+    for ``data``) declares some. Values cast into a declared type when exact;
+    ``cast=True`` also rounds floats (float64 into float32). Files are read by
+    ``workers`` processes (default: one per CPU; 0 reads in this process), twice:
+    once for the types, once to write. The index may be a URL (``s3://``,
+    ``gs://``, ``https://``; ``storage_options`` go to fsspec): relative paths
+    then start from its folder's URL.
     """
-    index = read_index(index_path, path_column=path_column)
+    declared = dict(column_types or {})
+    if data_type is not None:
+        declared[DATA_COLUMN] = data_type
+    options = dict(storage_options or {})
+    index = read_index(index_path, path_column=path_column, column_types=declared, storage_options=options)
     check_pickles(index, allow_pickle)  # before anything is read or written
     if not index.paths:
         raise ChuteError(f"index {index.source} lists no files; there is nothing to convert")
-    schema = None
-    if data_type is not None:
-        schema = {PATH_COLUMN: String(), **{k: _extra_type(v) for k, v in index.extras.items()}, DATA_COLUMN: data_type}
-    if root is not None and not os.path.isdir(index.base(root)):
+    remote = is_remote(index.base(root))
+    if root is not None and not remote and not os.path.isdir(index.base(root)):
         raise ChuteError(f"root={os.fspath(root)!r}: {index.base(root)} is not a folder; pass the folder the index's paths start from")
     resolved = index.resolve(root)
-    if not os.path.exists(resolved[0]):  # most likely every path starts from another folder
-        raise ChuteError(
-            f"{index.places[0]}: file {index.paths[0]} does not exist (looked for {resolved[0]}); "
-            f"relative paths start from {index.base(root)}: {ROOT_HINT}"
-        )
+    if not (url_exists(resolved[0], options) if is_remote(resolved[0]) else os.path.exists(resolved[0])):
+        raise _first_file_missing(index, root, resolved[0], options)  # most likely every path starts from another folder
     items = list(zip(index.places, index.paths, resolved))
+    reserved = [PATH_COLUMN, *index.extras]
     with OrderedPool(workers, start_method=start_method) as pool:
-        read = functools.partial(call_chunk, load_indexed_file, {"allow_pickle": allow_pickle})
-        contents = pool.map(read, chunked(items, chunk_size_for(len(items), pool.workers)))
-        return write_samples(
-            _samples(index, contents),
-            dst,
-            progress=Progress(len(items), "chute convert (index)", enabled=progress, unit="files"),
-            schema=schema,
-            schema_hint=DATA_TYPE_HINT,
-            metadata={"source": {"kind": "index", "index": os.path.abspath(index.source), "root": index.base(root)}},
-            shard_size=shard_size,
-            overwrite=overwrite,
-        )
+        size = chunk_size_for(len(items), pool.workers)
+        with Progress(len(items), "chute convert (index): reading types", enabled=progress, unit="files") as bar:
+            summary = Summary()
+            summarise = functools.partial(summarise_files, allow_pickle=allow_pickle, storage_options=options)
+            for part in pool.map(summarise, chunked(list(enumerate(items)), size)):
+                summary.merge(part)
+                bar.update(part.samples)
+        places = [f"{place} ({path})" for place, path in zip(index.places, index.paths)]
+        columns = plan_columns(summary, declared, reserved, places, API)
+        schema = {PATH_COLUMN: String(), **{k: _extra_type(v, declared.get(k)) for k, v in index.extras.items()}}
+        schema.update((c.name, c.ctype) for c in columns)
+        read = functools.partial(call_chunk, load_indexed_file, {"allow_pickle": allow_pickle, "storage_options": options})
+        contents = pool.map(read, chunked(items, size))
+        try:
+            return write_samples(
+                _samples(index, contents, columns, rounding(schema) if cast else None),
+                dst,
+                progress=Progress(len(items), "chute convert (index)", enabled=progress, unit="files"),
+                schema=schema,
+                metadata={"source": {"kind": "index", "root": index.base(root),
+                                      "index": index.source if is_remote(index.source) else os.path.abspath(index.source)}},
+                shard_size=shard_size,
+                overwrite=overwrite,
+                storage_options=options,
+            )
+        except InferenceError as exc:
+            raise from_inference(exc, str(exc.detail), API, declared=declared) from None
 
 
-def _samples(index: Index, contents: Iterator[Any]) -> Iterator[tuple[dict[str, Any], str]]:
+def summarise_files(chunk: list[tuple[int, tuple[str, str, str]]], *, allow_pickle: bool,
+                    storage_options: dict[str, Any] | None = None) -> list[Summary]:
+    """One reader task of the first pass: load a chunk of files, keep only the summary of their contents."""
+    summary = Summary()
+    for position, item in chunk:
+        summary.add({DATA_COLUMN: load_indexed_file(item, allow_pickle=allow_pickle, storage_options=storage_options)}, position)
+    return [summary]
+
+
+def _first_file_missing(index: Index, root: str | os.PathLike | None, looked: str, options: dict[str, Any]) -> ChuteError:
+    """The first file does not exist: another index column may hold the paths, or they start elsewhere."""
+    detail = f"{index.places[0]}: file {index.paths[0]} does not exist (looked for {looked})"
+    base = index.base(root)
+
+    def exists(path: str) -> bool:
+        if is_remote(base):
+            return url_exists(join_url(base, path), options)
+        return os.path.isfile(os.path.join(base, path))
+
+    for column, values in index.extras.items():
+        value = values[0]
+        if isinstance(value, str) and value and exists(normalise_path(value)):
+            return FixableError(f"{detail}; column {column!r} holds existing files: it is the path column", {"path_column": column}, API)
+    return ChuteError(f"{detail}; relative paths start from {base}: {ROOT_HINT}")
+
+
+def _samples(index: Index, contents: Iterator[Any], columns: list[Column], rounds: dict[str, str] | None) -> Iterator[tuple[dict[str, Any], str]]:
     for i, data in enumerate(contents):
         sample = {PATH_COLUMN: index.paths[i]}
         for column, values in index.extras.items():
             sample[column] = values[i]
-        sample[DATA_COLUMN] = data
+        sample.update(extract({DATA_COLUMN: data}, columns))
+        rounded(sample, rounds)
         yield sample, f"{index.places[i]} ({index.paths[i]})"
 
 
-def _extra_type(values: list[Any]) -> ColumnType:
+def _extra_type(values: list[Any], declared: ColumnType | None = None) -> ColumnType:
+    if declared is not None:
+        return declared
     if values and isinstance(values[0], int):
         return Scalar("int64")
     if values and isinstance(values[0], float):

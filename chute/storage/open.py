@@ -80,6 +80,9 @@ def open_dataset(
         return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window)
     root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
+    if os.path.isfile(root):  # it exists: say what it is not, not that it is missing
+        raise ManifestError(f"{root} is a file, not a chute dataset (a directory with a {MANIFEST_NAME}); "
+                            "convert it first: chute convert SRC DST, then open DST")
     if not os.path.isdir(root):
         raise ManifestError(f"{root} does not exist or is not a directory; a chute dataset is a directory with a {MANIFEST_NAME}")
     try:

@@ -72,6 +72,8 @@ class Filler:
                     missing += 1
                     self.cache.acquire(i)
                     self._arrival[i] = next(self._counter)
+                    shown = self.dataset.cache.counts  # the loader reports the dataset's cache: its high-water mark is ours
+                    shown["high_water"] = max(shown["high_water"], self.cache.counts["high_water"])
                     self.cache.release(i)
                     with self.arrived:
                         self.arrived.notify_all()

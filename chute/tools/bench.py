@@ -56,6 +56,7 @@ class BenchResult:
     report: dict[str, Any]  # loader.report(since="start").to_json()
     report_text: str
     transform: str = ""  # the per-sample transform's name, if any
+    given: tuple[str, ...] = ()  # the settings the caller gave: "threads", "prefetch"
 
     @property
     def samples_per_s(self) -> float:
@@ -84,7 +85,7 @@ class BenchResult:
         settings = self.report.get("settings", {})
         threads = settings.get("num_threads")
         tuned = settings.get("tuned") or []
-        how = f"autotuned: {', '.join(tuned)}" if settings.get("autotune") and tuned else "set by hand"
+        how = ", ".join(f"{name} {_how(name, self.given, tuned if settings.get('autotune') else [])}" for name in ("threads", "prefetch"))
         lines = [
             f"dataset      {self.dataset}: {self.rows:,} rows in {self.shards} shard(s), {format_size(self.nbytes)}",
             f"loader       batch {self.batch_size}, workers={self.workers!r}, {threads} worker(s), prefetch {settings.get('prefetch')} ({how})"
@@ -182,7 +183,15 @@ def run(
         bytes=round(samples * ds.nbytes / len(ds)) if len(ds) else 0,
         elapsed_s=elapsed, first_batch_s=first_batch or 0.0, timeline=timeline(stamps, elapsed), steady=steady_rate(stamps),
         report=report_json, report_text=report_text, transform=_name((loader_kwargs or {}).get("transform")),
+        given=tuple(name for name, value in (("threads", num_threads), ("prefetch", prefetch)) if value is not None),
     )
+
+
+def _how(setting: str, given: tuple[str, ...], tuned: list[str]) -> str:
+    """How a setting got its value: the caller gave it, the autotuner chose it, or it is chute's default."""
+    if setting in given:
+        return "set by hand"
+    return "autotuned" if setting in tuned else "chute's default"
 
 
 def _name(fn: Any) -> str:

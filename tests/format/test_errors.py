@@ -56,7 +56,7 @@ def test_schema_mismatch_names_position_column_expected_and_found(tmp_path):
 @pytest.mark.parametrize(
     ("bad", "expected"),
     [
-        ({"image": np.zeros((3, 8, 8), np.float32), "label": 1}, "float32 array"),
+        ({"image": np.full((3, 8, 8), 0.5, np.float32), "label": 1}, "float32 array"),  # not exactly uint8
         ({"image": np.zeros((3, 8, 8), np.uint8), "label": "one"}, "expected int64 scalar, found str"),
         ({"image": np.zeros((3, 8, 8), np.uint8), "label": None}, "found NoneType"),
         ({"image": np.zeros((3, 8, 8), np.uint8)}, "missing column(s) ['label']"),

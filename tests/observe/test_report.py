@@ -219,6 +219,17 @@ def test_read_is_blamed_and_the_what_if_quotes_the_last_measured_step():
     )
 
 
+def test_a_wait_that_is_mostly_start_up_is_not_blamed_on_read():
+    snap = window(3.0, 1.0, {
+        "workers": {"busy": 1.0, "wait_out": 0.2, "workers": 2, "items": 100},
+        "read": {"busy": 0.9}, "order": {"busy": 0.05},
+    })
+    report = build(snap, Context(cpu_budget=4, first_batch_s=2.5, workers_kind="processes"))
+    assert report.bottleneck_stage is None
+    assert report.bottleneck_cause.startswith("start-up: the loop waited 75% of its time, 2.50 s of it for the first batch")
+    assert "worker processes starting" in report.bottleneck_cause
+
+
 def test_gil_bound_threads_are_called_out_without_a_what_if():
     snap = window(8.0, 2.0, {
         "workers": {"busy": 19.0, "wait_out": 1.0, "workers": 2, "items": 100},

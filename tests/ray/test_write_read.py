@@ -144,3 +144,14 @@ def test_write_to_s3_then_open(local_ray, moto_s3, s3_bucket, tmp_path):
     keys = {o["Key"] for o in moto_s3.client().list_objects_v2(Bucket=s3_bucket[5:])["Contents"]}
     assert keys == {"ray/manifest.json", *(f"ray/{s.file}" for s in ds.shards)}
     ds.close()
+
+
+def test_small_blocks_are_coalesced_into_shards_of_shard_size(local_ray, tmp_path):
+    """200 blocks of 10 rows with a shard size above their total: one shard, not 200."""
+    import chute.ray
+
+    source = local_ray.data.range(2000, override_num_blocks=200).map_batches(_rows, batch_size=10)
+    ds = chute.ray.write(source, tmp_path / "ds", shard_size="4MB")
+    assert len(ds) == 2000 and len(ds.shards) == 1
+    assert sorted(ds.get_batch(np.arange(2000))["id"].tolist()) == list(range(2000))
+    ds.close()

@@ -10,3 +10,6 @@ from source_data import write_pickle_index
 def pickle_index(tmp_path):
     """The write-up's layout (CSV index + per-sample .pkl.gz dicts) with 40 samples: (index.csv path, the dicts in order)."""
     return write_pickle_index(tmp_path / "src", 40)
+
+
+from tests.storage.conftest import default_cache, http_server, moto_s3, s3_bucket  # noqa: E402,F401  (real servers)

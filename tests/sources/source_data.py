@@ -50,3 +50,42 @@ def no_dataset_at(path) -> bool:
     """Nothing valid at ``path``: no manifest (the writer commits by writing it last)."""
     return not os.path.exists(os.path.join(path, "manifest.json"))
 
+
+
+def dict_sample(i: int, n: int, rng) -> dict:
+    """The common layout: ``{"x": float32[3, s, s], "label": int, "id": str, "meta": {...}}``.
+
+    ``x`` is 3x8x8 but for the last tenth of the samples (6x6: a shape that changes
+    late), ``meta.note`` is missing in every fifth sample.
+    """
+    import numpy as np
+
+    side = 8 if i < n - n // 10 else 6
+    sample = {
+        "x": np.asarray(rng.standard_normal((3, side, side)), dtype=np.float32),
+        "label": int(rng.integers(0, 10)),
+        "id": f"sample-{i:05d}",
+        "meta": {"width": side, "source": {"camera": f"cam{i % 3}"}},
+    }
+    if i % 5 != 2:
+        sample["meta"]["note"] = f"note {i}"
+    return sample
+
+
+def write_dict_index(root, n: int, seed: int = 0) -> tuple[str, list[dict]]:
+    """``root/index.csv`` (one ``path`` column) and ``root/files/<i>.pkl.gz`` holding :func:`dict_sample` dicts."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.join(root, "files"), exist_ok=True)
+    samples = []
+    index = os.path.join(root, "index.csv")
+    with open(index, "w", newline="") as f:
+        f.write("path\n")
+        for i in range(n):
+            sample = dict_sample(i, n, rng)
+            samples.append(sample)
+            with gzip.open(os.path.join(root, "files", f"{i}.pkl.gz"), "wb") as out:
+                pickle.dump(sample, out)
+            f.write(f"files/{i}.pkl.gz\n")
+    return index, samples

@@ -114,20 +114,35 @@ def test_arrow_ipc_file_stream_and_feather(tmp_path, no_fd_leak):
 
 
 def test_nulls_are_an_error_naming_file_row_and_column(tmp_path):
-    table = pa.table({"a": pa.array(list(range(30)) + [None] + [1] * 9, pa.int64())})
+    table = pa.table({"a": pa.array(list(range(30)) + [None] + [1] * 9, pa.int64()), "b": list(range(40))})
     pq.write_table(table, tmp_path / "n.parquet")
     with pytest.raises(ChuteError) as info:
         from_arrow_files(tmp_path / "n.parquet", tmp_path / "out", progress=False)
     message = str(info.value)
     assert "n.parquet" in message and "row 30" in message and "'a'" in message
     assert no_dataset_at(tmp_path / "out")
+    assert "leave the column out (columns=" in message  # the fix it proposes
+    ds = from_arrow_files(tmp_path / "n.parquet", tmp_path / "out", columns=["b"], progress=False)
+    assert ds.get_batch(list(range(40)))["b"].tolist() == list(range(40))
 
 
 def test_nulls_inside_a_json_column_are_kept(tmp_path):
-    table = pa.table({"m": pa.array([{"x": 1}, None, {"x": None}])})
+    table = pa.table({"m": pa.array([[{"x": 1}], None, [{"x": None}]])})  # a list of structs: JSON
     pq.write_table(table, tmp_path / "j.parquet")
     ds = from_arrow_files(tmp_path / "j.parquet", tmp_path / "out", progress=False)
-    assert [ds[i]["m"] for i in range(3)] == [{"x": 1}, None, {"x": None}]
+    assert [ds[i]["m"] for i in range(3)] == [[{"x": 1}], None, [{"x": None}]]
+
+
+def test_struct_fields_become_dotted_nullable_columns(tmp_path):
+    table = pa.table({"id": [1, 2, 3], "meta": pa.array([{"w": 1, "src": {"cam": "a"}}, None, {"w": 3, "src": {"cam": None}}])})
+    pq.write_table(table, tmp_path / "s.parquet")
+    ds = from_arrow_files(tmp_path / "s.parquet", tmp_path / "out", progress=False)
+    assert ds.schema.names == ["id", "meta.w", "meta.src.cam"]
+    assert ds.schema["meta.w"] == chute.Nullable(chute.Scalar("int64"))
+    batch = ds.get_batch([0, 1, 2])
+    assert batch["meta.src.cam"] == ["a", None, None]
+    assert batch["meta.w"][1] is None and int(batch["meta.w"][2]) == 3
+    assert ds.get_batch([0, 2])["meta.w"].tolist() == [1, 3]  # no None in the batch: one tensor
 
 
 def test_files_with_different_schemas_are_refused(tmp_path):

@@ -23,18 +23,16 @@ class TTY(io.StringIO):
         return True
 
 
-def test_terminal_redraws_in_place_at_most_ten_times_a_second():
-    clock, stream = FakeClock(), TTY()
-    with Progress(1000, "convert", stream=stream, clock=clock, unit="files") as bar:
+def test_terminal_gets_a_tqdm_bar_redrawn_in_place():
+    stream = TTY()
+    with Progress(1000, "convert", stream=stream, unit="files") as bar:
         for _ in range(1000):
-            clock.ms += 1  # 1000 items/s for one second
             bar.update()
     text = stream.getvalue()
-    draws = text.count("\r")
-    assert 5 <= draws <= 12  # ~10 redraws plus the final line, not one per item
-    assert text.endswith("\n") and text.count("\n") == 1
-    assert re.search(r"\rconvert: 500/1,000 files \( 50%\), 1,000 files/s, 0:00 elapsed, ETA 0:00", text)
-    assert "convert: 1,000 files in 0:01 (1,000 files/s)" in text
+    assert text.startswith("\r") and text.endswith("\n") and text.count("\n") == 1  # one line, redrawn
+    assert text.count("\r") < 100  # not one draw per item
+    final = text.rsplit("\r", 1)[1]
+    assert final.startswith("convert: 100%") and "1000/1000" in final and "files/s" in final
 
 
 def test_logs_get_a_line_every_few_seconds_and_a_final_line():
@@ -58,16 +56,15 @@ def test_disabled_prints_nothing_and_errors_only_end_the_line():
         bar.update(10)
         bar.note("hello")
     assert stream.getvalue() == ""
-    clock, stream = FakeClock(), TTY()
+    stream = TTY()
     try:
-        with Progress(10, "x", stream=stream, clock=clock) as bar:
-            clock.ms += 1000
+        with Progress(10, "x", stream=stream) as bar:
             bar.update(3)
             raise KeyboardInterrupt
     except KeyboardInterrupt:
         pass
-    assert stream.getvalue().startswith("\rx: 3/10") and stream.getvalue().endswith("\n")
-    assert " in " not in stream.getvalue()  # no final "done" line after an error
+    text = stream.getvalue()
+    assert text.startswith("\r") and text.endswith("\n") and "3/10" in text.rsplit("\r", 1)[1]  # the bar stays where it stopped
 
 
 def test_format_duration():

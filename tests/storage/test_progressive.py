@@ -157,6 +157,7 @@ def test_the_cache_rotates_within_its_limit(http_server, served, tmp_path):
         assert epochs[1]["new_shards"] > 0
         assert set(epochs[1]["shard_ids"]) != set(first)
         assert cache_bytes(cache_dir) <= limit
+        assert 0 < ds.cache.stats()["high_water"] <= limit  # the filler's downloads count in the loader's report
     finally:
         ld.close()
     assert chute_threads() == []
