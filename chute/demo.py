@@ -55,6 +55,17 @@ class PickleFilesDataset(torch.utils.data.Dataset):
             return {"path": path, "label": label, "data": pickle.load(f)}
 
 
+class BatchPickleFilesDataset(PickleFilesDataset):
+    """The same files fetched a batch at a time: ``__getitem__(list of indices)`` returns the batch's samples.
+
+    With ``sampler=BatchSampler(...)`` and ``batch_size=None`` a DataLoader calls it once
+    per batch, so a worker hands over one list per batch instead of collating samples.
+    """
+
+    def __getitem__(self, indices: list[int]) -> list[dict[str, Any]]:  # type: ignore[override]
+        return [PickleFilesDataset.__getitem__(self, i) for i in indices]
+
+
 def generate(root: str, files: int, seed: int = 0) -> str:
     """Write ``files`` gzipped pickles of ten random 5-digit keys/values and a CSV index."""
     rng = random.Random(seed)
