@@ -85,7 +85,6 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
     if workload == "w2tune":
         return measure_tune(config, data_dir, epochs)
     import numpy as np
-    import torch
 
     import chute
     from _data import array_dataset, pickle_dataset

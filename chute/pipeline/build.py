@@ -81,7 +81,7 @@ def iterate(loader: Any, epoch: int, position: int) -> Iterator[Any]:
     watch, meter = loader._watch(), loader._meter
     if loader.device is None:
         return stream(run, watch, meter)
-    from chute.device import DeviceCopier, DevicePrefetcher
+    from chute.device import DevicePrefetcher
 
     def on_device() -> Iterator[Any]:
         if meter is not None:
