@@ -329,8 +329,7 @@ def main() -> None:
             print_tune(results, args.repeats)
         else:
             tables[workload] = print_table(workload, results, args.repeats, args.epochs)
-    if tables:
-        save("loader", tables)
+            save("loader", {workload: tables[workload]})  # each workload as soon as it is measured
 
 
 if __name__ == "__main__":
