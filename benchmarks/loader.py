@@ -307,7 +307,7 @@ def main() -> None:
     tables = {}
     for workload in args.only or ["w2", "w3", "w1"]:
         runs: dict[str, list[dict]] = {config: [] for config in CONFIGS[workload]}
-        for _ in range(args.repeats):
+        for done_rounds in range(1, args.repeats + 1):
             for config in CONFIGS[workload]:
                 out = subprocess.run(
                     [sys.executable, __file__, "--data-dir", args.data_dir, "--epochs", str(args.epochs), "--one", workload, config],
@@ -316,21 +316,28 @@ def main() -> None:
                 if out.returncode != 0:
                     raise SystemExit(f"{workload} {config} failed:\n{out.stderr}")
                 runs[config].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        results = {}
-        for config, done in runs.items():
-            results[config] = {k: statistics.median(r[k] for r in done) for k in done[0] if isinstance(done[0][k], (int, float))}
-            results[config]["settings"] = done[-1].get("settings", "")
-            results[config]["runs"] = [r["samples_per_s"] for r in done]
+            if workload in ("w4", "w2tune"):
+                continue
+            # the table after every round (medians of the rounds so far), so a run cut short keeps what it measured
+            tables[workload] = print_table(workload, summarize(runs), done_rounds, args.epochs)
+            save("loader", {workload: tables[workload]})
+        results = summarize(runs)
         if workload == "w4":
             from _w4 import print_table as print_w4
 
             print_w4(results, args.repeats)
         elif workload == "w2tune":
             print_tune(results, args.repeats)
-        else:
-            tables[workload] = print_table(workload, results, args.repeats, args.epochs)
-            save("loader", {workload: tables[workload]})  # each workload as soon as it is measured
 
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per configuration: the median of each figure over its runs, the last settings, and every run's samples/s."""
+    results = {}
+    for config, done in runs.items():
+        results[config] = {k: statistics.median(r[k] for r in done) for k in done[0] if isinstance(done[0][k], (int, float))}
+        results[config]["settings"] = done[-1].get("settings", "")
+        results[config]["runs"] = [r["samples_per_s"] for r in done]
+    return results
 
 if __name__ == "__main__":
     main()
