@@ -261,8 +261,8 @@ def table(workload: str, results: dict, repeats: int, epochs: int) -> dict:
         "title": f"{workload.upper()}, batch {BATCH[workload]}",
         "columns": columns,
         "rows": rows,
-        "notes": (f"median of {repeats} runs of {epochs} shuffled epochs, each run a fresh process; samples/s over epochs "
-                  f"2-{epochs}; best torch: {_torch.label(best_torch)}; CPU s / 1k samples: the process's and its worker "
+        "notes": (f"median of {repeats} runs of {epochs} shuffled epochs, each run a fresh process; samples/s over epoch(s) "
+                  f"{'2-' + str(epochs) if epochs > 2 else '2'}; best torch: {_torch.label(best_torch)}; CPU s / 1k samples: the process's and its worker "
                   "processes' user + system time over all epochs"),
     }
 
