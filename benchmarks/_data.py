@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import torch
 
 import chute
 
@@ -69,18 +68,4 @@ def pickle_dataset(root: str, files: int = 20_000) -> tuple[chute.Dataset, str]:
     return ds, index
 
 
-class MemmapDataset(torch.utils.data.Dataset):
-    """The usual map-style Dataset over a numpy memmap (one sample per ``__getitem__``)."""
-
-    def __init__(self, path: str, label: bool) -> None:
-        self.path, self.label, self.data = path, label, None
-        self.rows = len(np.load(path, mmap_mode="r"))
-
-    def __len__(self) -> int:
-        return self.rows
-
-    def __getitem__(self, i: int):
-        if self.data is None:  # opened lazily so each worker maps the file itself
-            self.data = np.load(self.path, mmap_mode="r")
-        x = torch.from_numpy(np.array(self.data[i]))
-        return (x, i) if self.label else x
+from _torch import MemmapDataset  # noqa: E402,F401  (kept here for older imports)

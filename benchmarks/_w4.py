@@ -6,12 +6,15 @@ JPEG bytes back to back, for the baselines that do not use chute). The images
 are smooth gradients, a few shapes and noise: they compress like photos
 (about 20-30 KB each at quality 90), not like random bytes.
 
-Every configuration runs the same per-image work, :func:`decode_crop`: Pillow
-decode, a random 224x224 crop, a CHW uint8 tensor. ``benchmarks/loader.py --only
-w4`` runs them:
+Every configuration runs the same per-image work, :func:`decode_crop`: a JPEG
+decode, a random 224x224 crop, a CHW uint8 tensor. The limits decode with the
+decoder chute.images uses (simplejpeg, libjpeg-turbo), so a ratio to them
+measures the loader, not the decoder; Pillow's loop is shown beside them.
+``benchmarks/loader.py --only w4`` runs them:
 
-  limit-1        a plain loop over the images on one core (no batching)
-  limit-2proc    the same loop split over 2 processes (multiprocessing): the two-core limit
+  limit-1          a plain simplejpeg loop over the images on one core (no batching)
+  limit-2proc      the same loop split over 2 processes (multiprocessing): the two-core limit
+  limit-2proc-pil  the same with Pillow's decoder, for scale
   torch-2        torch DataLoader(num_workers=2, batch 256) over a map Dataset of the same bytes
   chute-2        chute.Loader(workers=2), the decode in the per-sample transform
   chute-auto     chute.Loader(): the autotuner picks
@@ -40,6 +43,20 @@ QUALITY = 90
 # --------------------------------------------------------------------------- the work
 
 
+def decode_crop_simplejpeg(data: bytes, rng: random.Random | None = None) -> torch.Tensor:
+    """JPEG bytes -> a random 224x224 crop as a uint8 CHW tensor, decoded by simplejpeg (what chute.images uses)."""
+    import simplejpeg
+
+    rand = (rng or random).randrange
+    pixels = simplejpeg.decode_jpeg(data)
+    h, w = pixels.shape[:2]
+    x, y = rand(w - CROP + 1), rand(h - CROP + 1)
+    return torch.from_numpy(pixels[y : y + CROP, x : x + CROP].transpose(2, 0, 1).copy())
+
+
+DECODERS = {"simplejpeg": decode_crop_simplejpeg}  # "pillow" added below
+
+
 def decode_crop(data: bytes, rng: random.Random | None = None) -> torch.Tensor:
     """JPEG bytes -> a random 224x224 crop as a uint8 CHW tensor (Pillow decodes with the GIL released)."""
     from PIL import Image
@@ -50,6 +67,9 @@ def decode_crop(data: bytes, rng: random.Random | None = None) -> torch.Tensor:
         x, y = rand(img.width - CROP + 1), rand(img.height - CROP + 1)
         crop = img.crop((x, y, x + CROP, y + CROP))
     return torch.from_numpy(np.asarray(crop).transpose(2, 0, 1).copy())
+
+
+DECODERS["pillow"] = decode_crop
 
 
 def decode_sample(sample: dict) -> dict:
@@ -134,32 +154,40 @@ def jpeg_dataset(root: str, rows: int = ROWS):
 # --------------------------------------------------------------------------- the configurations
 
 
-def _loop(args: tuple[str, str, int, int, int]) -> tuple[int, float]:
-    """Decode images ``[a, b)`` (of a random permutation) in this process: ``(images, seconds)``."""
-    blob, offsets_path, a, b, seed = args
+def _loop(args: tuple) -> tuple[int, float]:
+    """Decode images ``[a, b)`` (of a random permutation) in this process: ``(images, seconds)``.
+
+    ``args``: ``(blob, offsets, a, b, seed[, decoder])``, decoder a key of DECODERS (default simplejpeg).
+    """
+    blob, offsets_path, a, b, seed = args[:5]
+    decode = DECODERS[args[5] if len(args) > 5 else "simplejpeg"]
     offsets = np.load(offsets_path)
     data = np.memmap(blob, dtype=np.uint8, mode="r")
     order = np.random.default_rng(seed).permutation(len(offsets) - 1)[a:b]
     rng = random.Random(seed)
     start = time.perf_counter()
     for i in order:
-        decode_crop(data[offsets[i] : offsets[i + 1]].tobytes(), rng)
+        decode(data[offsets[i] : offsets[i + 1]].tobytes(), rng)
     return len(order), time.perf_counter() - start
 
 
 def _ready(_: int) -> int:
-    """Import Pillow in a pool process before the clock starts."""
+    """Import the decoders in a pool process before the clock starts."""
     import PIL.Image
+    import simplejpeg
 
-    return os.getpid() if PIL.Image else 0
+    return os.getpid() if PIL.Image and simplejpeg else 0
 
 
-def limit_2proc(blob: str, offsets: str, n: int) -> tuple[int, float]:
-    """The Pillow decode + crop loop over all ``n`` images split over 2 processes: ``(images, seconds)``."""
+def limit_2proc(blob: str, offsets: str, n: int, decoder: str = "simplejpeg") -> tuple[int, float]:
+    """The decode + crop loop over all ``n`` images split over 2 processes: ``(images, seconds)``.
+
+    ``decoder``: "simplejpeg" (what chute.images decodes with: the limit) or "pillow".
+    """
     with multiprocessing.get_context("fork").Pool(2) as pool:
         pool.map(_ready, range(2))  # started and warm before the clock
         start = time.perf_counter()
-        parts = pool.map(_loop, [(blob, offsets, 0, n // 2, 0), (blob, offsets, n // 2, n, 0)], chunksize=1)
+        parts = pool.map(_loop, [(blob, offsets, 0, n // 2, 0, decoder), (blob, offsets, n // 2, n, 0, decoder)], chunksize=1)
         seconds = time.perf_counter() - start
     return sum(p[0] for p in parts), seconds
 
@@ -170,14 +198,16 @@ def measure(config: str, data_dir: str, epochs: int) -> dict:
 
     ds, blob, offsets = jpeg_dataset(data_dir)
     n = len(ds)
-    cpu0 = os.times()
+    from _results import cpu_seconds
+
+    cpu0 = cpu_seconds()
     first_batch = None
     if config == "limit-1":
         torch.set_num_threads(1)
         samples, seconds = _loop((blob, offsets, 0, n, 0))
         first_batch = 0.0
-    elif config == "limit-2proc":
-        samples, seconds = limit_2proc(blob, offsets, n)
+    elif config in ("limit-2proc", "limit-2proc-pil"):
+        samples, seconds = limit_2proc(blob, offsets, n, "pillow" if config.endswith("pil") else "simplejpeg")
         first_batch = 0.0
     else:
         if config == "torch-2":
@@ -206,8 +236,7 @@ def measure(config: str, data_dir: str, epochs: int) -> dict:
             report = loader.report(since="start").to_json()
             settings = report["settings"]
             loader.close()
-    cpu1 = os.times()
-    cpu = sum(cpu1[:4]) - sum(cpu0[:4])
+    cpu = cpu_seconds() - cpu0
     jpeg_bytes = os.path.getsize(blob) / n
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = {
@@ -235,8 +264,9 @@ def print_table(results: dict[str, dict], repeats: int) -> None:
     best = {config: max(r["runs"]) for config, r in results.items()}
     limit, torch2 = best["limit-2proc"], best["torch-2"]
     names = {
-        "limit-1": "decode loop, 1 core",
-        "limit-2proc": "decode loop, 2 processes (the limit)",
+        "limit-1": "simplejpeg decode loop, 1 core",
+        "limit-2proc": "simplejpeg decode loop, 2 processes (the limit)",
+        "limit-2proc-pil": "Pillow decode loop, 2 processes",
         "torch-2": "torch DataLoader, num_workers=2",
         "chute-2": "chute Loader, 2 threads",
         "chute-auto": "chute Loader, autotuned",

@@ -9,8 +9,10 @@ reused output arrays; data in the page cache), and ``get_batch`` (the same,
 into fresh tensors); the limit: for W2 numpy fancy indexing ``x[idx]`` of the
 whole array held in RAM, for W3 the same rows read with ``os.preadv`` from the
 page cache into a page-aligned buffer reused for every batch; and a torch
-DataLoader over a numpy-memmap map-style Dataset with num_workers 0 and 2.
-Every figure is the median of --repeats runs of the same batches.
+DataLoader over the same .npy memmap, the four kinds of benchmarks/_torch.py
+(per-sample and batch ``__getitem__``, num_workers 0 and N; persistent workers,
+warmed up before the clock). Every figure is the median of --repeats runs of the
+same batches; the tables go to benchmarks/results/gather.json.
 
     python benchmarks/gather.py                 # both shapes, data in ./bench-data
     python benchmarks/gather.py --only w2 --repeats 3
@@ -29,35 +31,49 @@ import torch
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _data import SHAPES, MemmapDataset, array_dataset  # noqa: E402
+import _torch  # noqa: E402
+from _data import SHAPES, array_dataset  # noqa: E402
+from _results import cpu_seconds, save  # noqa: E402
+from tables import render  # noqa: E402
 
 
-def timed(fn, batches: list[np.ndarray], repeats: int) -> float:
-    """Median samples/s of ``fn`` over ``batches``, after one warm-up batch."""
+def timed(fn, batches: list[np.ndarray], repeats: int) -> tuple[float, float]:
+    """``fn`` over ``batches``, after one warm-up batch: (median samples/s, CPU s per 1000 samples)."""
     fn(batches[0])
     rates = []
+    cpu0 = cpu_seconds()
     for _ in range(repeats):
         start = time.perf_counter()
         for b in batches:
             fn(b)
         rates.append(sum(len(b) for b in batches) / (time.perf_counter() - start))
-    return statistics.median(rates)
+    cpu = cpu_seconds() - cpu0
+    return statistics.median(rates), 1000 * cpu / (repeats * sum(len(b) for b in batches))
 
 
-def dataloader_rate(path: str, label: bool, batch: int, samples: int, workers: int, repeats: int) -> float:
-    ds = MemmapDataset(path, label)
+def dataloader_rate(path: str, label: bool, batch: int, samples: int, config: str, repeats: int) -> tuple[float, float]:
+    """A torch DataLoader (benchmarks/_torch.py) reading ``samples`` random rows per pass.
+
+    Its workers are persistent and a warm-up pass runs first: worker start-up is
+    not timed. Returns (median samples/s, CPU s per 1000 samples, workers included).
+    """
+    loader = _torch.memmap_loader(path, label, batch, config, num_samples=samples)
+    for _ in loader:  # warm-up: starts the workers, maps the file in each
+        pass
     rates = []
+    cpu0 = cpu_seconds()
     for _ in range(repeats):
-        sampler = torch.randperm(len(ds))[:samples].tolist()
-        loader = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers)
         start = time.perf_counter()
         for _ in loader:
             pass
         rates.append(samples / (time.perf_counter() - start))
-    return statistics.median(rates)
+    cpu = cpu_seconds() - cpu0
+    del loader
+    return statistics.median(rates), 1000 * cpu / (repeats * samples)
 
 
-def run(name: str, root: str, repeats: int) -> list[tuple[str, float, float]]:
+def run(name: str, root: str, repeats: int) -> list[tuple[str, float, float, float]]:
+    """(label, samples/s, MB/s, CPU s per 1000 samples) of each way to read random batches of ``name``."""
     spec = SHAPES[name]
     ds, raw_path = array_dataset(name, root)
     raw = np.load(raw_path, mmap_mode="r")
@@ -70,11 +86,18 @@ def run(name: str, root: str, repeats: int) -> list[tuple[str, float, float]]:
     out = {"x": torch.empty((spec["batch"], *spec["shape"]), dtype=torch.from_numpy(ram[:1]).dtype)}
     if spec["label"]:
         out["label"] = torch.empty(spec["batch"], dtype=torch.int64)
+    arrays = [t.numpy() for t in out.values()]
+    results: list[tuple[str, tuple[float, float]]] = []
     if spec["label"]:  # W2: numpy fancy indexing of the array in RAM
         def limit(b):
             ram[b], labels[b]
 
-        results = [("numpy x[idx], whole array in RAM (the limit)", timed(limit, batches, repeats))]
+        def limit_out(b):
+            np.take(ram, b, axis=0, out=arrays[0], mode="clip")
+            np.take(labels, b, out=arrays[1], mode="clip")
+
+        results.append(("numpy x[idx], whole array in RAM (the limit)", timed(limit, batches, repeats)))
+        results.append(("numpy np.take(x, idx, out=, mode='clip') into reused outputs, in RAM", timed(limit_out, batches, repeats)))
     else:  # W3: the rows read from the page cache into one page-aligned buffer
         import mmap
 
@@ -88,15 +111,32 @@ def run(name: str, root: str, repeats: int) -> list[tuple[str, float, float]]:
             for view, i in zip(views, b.tolist()):
                 os.preadv(fd, [view], header + i * row)
 
-        results = [("os.preadv into an aligned buffer, page cache (the limit)", timed(limit, batches, repeats))]
-    arrays = [t.numpy() for t in out.values()]
+        results.append(("os.preadv into an aligned buffer, page cache (the limit)", timed(limit, batches, repeats)))
     results.append(("chute Dataset.read, reused outputs (the Loader's call)", timed(lambda b: ds.read(b, arrays), batches, repeats)))
     results.append(("chute get_batch, fresh tensors", timed(lambda b: ds.get_batch(b), batches, repeats)))
     dl_samples = min(spec["rows"], 50_000 if spec["label"] else 800)
     npy = os.path.join(root, f"{name}.npy")
-    for workers in (0, 2):
-        results.append((f"torch DataLoader, memmap Dataset, num_workers={workers}", dataloader_rate(npy, spec["label"], spec["batch"], dl_samples, workers, repeats)))
-    return [(label, rate, rate * row_bytes / 1e6) for label, rate in results]
+    for config in _torch.CONFIGS:
+        results.append((_torch.label(config), dataloader_rate(npy, spec["label"], spec["batch"], dl_samples, config, repeats)))
+    return [(label, rate, rate * row_bytes / 1e6, cpu) for label, (rate, cpu) in results]
+
+
+def table(name: str, results: list[tuple[str, float, float, float]], repeats: int) -> dict:
+    spec = SHAPES[name]
+    limit = results[0][1]
+    best_dl = max(rate for label, rate, _, _ in results if "DataLoader" in label)
+    rows = [{"label": label, "samples_per_s": rate, "mb_per_s": mbs, "cpu_s_per_1000": cpu,
+             "ratio_limit": rate / limit, "ratio_torch": rate / best_dl} for label, rate, mbs, cpu in results]
+    return {
+        "title": f"{name.upper()}, batch {spec['batch']}",
+        "columns": [["samples_per_s", "samples/s", ",.0f"], ["mb_per_s", "MB/s", ",.0f"],
+                    ["cpu_s_per_1000", "CPU s / 1k samples", ".4f"], ["ratio_limit", "/ limit", ".2f"],
+                    ["ratio_torch", "/ best torch", ".2f"]],
+        "rows": rows,
+        "notes": (f"median of {repeats} passes; one thread for the numpy and chute rows; DataLoaders with persistent "
+                  "workers and a warm-up pass before the clock (worker start-up not timed); CPU s / 1k samples "
+                  "includes the worker processes"),
+    }
 
 
 def main() -> None:
@@ -107,15 +147,13 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.data_dir, exist_ok=True)
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, numpy {np.__version__}, {os.cpu_count()} CPUs")
+    tables = {}
     for name in args.only or sorted(SHAPES):
         spec = SHAPES[name]
         print(f"\n{name.upper()}: {spec['rows']:,} x {spec['dtype'].__name__}{list(spec['shape'])}, batch {spec['batch']}, median of {args.repeats}")
-        results = run(name, args.data_dir, args.repeats)
-        limit = results[0][1]
-        best_dl = max(rate for label, rate, _ in results if "DataLoader" in label)
-        print(f"  {'':58s} {'samples/s':>12s} {'MB/s':>9s} {'/limit':>7s} {'/best DL':>8s}")
-        for label, rate, mbs in results:
-            print(f"  {label:58s} {rate:12,.0f} {mbs:9,.0f} {rate / limit:7.2f} {rate / best_dl:8.1f}")
+        tables[name] = table(name, run(name, args.data_dir, args.repeats), args.repeats)
+        print(render(tables[name]))
+    save("gather", tables)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ The limits ("the best known way to do that job on this machine"):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import mmap
 import os
@@ -39,11 +40,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import _torch  # noqa: E402
+from _results import cpu_seconds, save  # noqa: E402
+
 CONFIGS = {
-    "w2": ["limit", "chute", "chute-t1", "chute-t2", "torch-0", "torch-2"],
-    "w3": ["limit-read", "limit-memcpy", "chute", "chute-t1", "torch-0", "torch-2"],
-    "w1": ["chute", "chute-columnar", "torch-0", "torch-2"],
-    "w4": ["limit-1", "limit-2proc", "torch-2", "chute-2", "chute-auto", "chute-proc2"],
+    "w2": ["limit", "chute", "chute-t1", "chute-t2", *_torch.CONFIGS],
+    "w3": ["limit-read", "limit-memcpy", "chute", "chute-t1", *_torch.CONFIGS],
+    "w1": ["chute", "chute-columnar", *_torch.CONFIGS],
+    "w4": ["limit-1", "limit-2proc", "limit-2proc-pil", "torch-2", "chute-2", "chute-auto", "chute-proc2"],
     "w2tune": ["chute-auto", "chute-t1", "chute-t2", "chute-t4"],  # the autotuner against hand-picked thread counts
 }
 BATCH = {"w1": 64, "w2": 256, "w3": 8, "w4": 256, "w2tune": 256}
@@ -55,8 +59,7 @@ LABELS = {
     "chute-columnar": "chute Loader, columnar=True (Arrow arrays)",
     "chute-t1": "chute Loader, workers=1",
     "chute-t2": "chute Loader, workers=2",
-    "torch-0": "torch DataLoader, num_workers=0",
-    "torch-2": "torch DataLoader, num_workers=2",
+    **{c: _torch.label(c) for c in _torch.CONFIGS},
 }
 
 
@@ -82,10 +85,9 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
     if workload == "w2tune":
         return measure_tune(config, data_dir, epochs)
     import numpy as np
-    import torch
 
     import chute
-    from _data import MemmapDataset, array_dataset, pickle_dataset
+    from _data import array_dataset, pickle_dataset
 
     batch = BATCH[workload]
     if workload == "w1":
@@ -97,7 +99,7 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
     first_batch = None
     samples = 0
     marks: list[tuple[float, int]] = []  # (time, samples) at the end of each epoch
-    cpu0 = os.times()
+    cpu0 = cpu_seconds()
     if config == "limit":  # W2: numpy fancy indexing of the same data held in RAM
         data = np.array(np.load(raw, mmap_mode="r"))
         labels = np.arange(len(data))
@@ -157,29 +159,31 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
         settings = f"threads {report['num_threads']}, prefetch {report['prefetch']}" + (" (autotuned)" if report["autotune"] else "")
         loader.close()
     else:
-        workers = int(config.split("-")[1])
-        if workload == "w1":
-            from chute.demo import PickleFilesDataset
-
-            dataset = PickleFilesDataset(index)
-            kwargs = dict(collate_fn=list)  # the samples as they are: dicts
-        else:
-            dataset = MemmapDataset(raw, label=workload == "w2")
-            kwargs = {}
+        batch_fetch, workers = _torch.parse(config)
         start = time.perf_counter()
-        loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
-                                             persistent_workers=workers > 0, **kwargs)
+        if workload == "w1":
+            from chute.demo import BatchPickleFilesDataset, PickleFilesDataset
+
+            dataset = (BatchPickleFilesDataset if batch_fetch else PickleFilesDataset)(index)
+            kwargs = {} if batch_fetch else dict(collate_fn=list)  # the samples as they are: dicts
+            loader = _torch.loader(dataset, batch, workers, batch_fetch, **kwargs)
+        else:
+            loader = _torch.memmap_loader(raw, workload == "w2", batch, config)
         for _ in range(epochs):
             for b in loader:
                 samples += _count(b)
                 first_batch = first_batch or time.perf_counter() - start
             marks.append((time.perf_counter(), samples))
-        settings = f"batch_size={batch}, num_workers={workers}" + (", persistent_workers" if workers else "")
-    elapsed = time.perf_counter() - start
-    cpu1 = os.times()
-    cpu = (cpu1.user + cpu1.system + cpu1.children_user + cpu1.children_system) - (
-        cpu0.user + cpu0.system + cpu0.children_user + cpu0.children_system
-    )
+        settings = ("BatchSampler, batch_size=None" if batch_fetch else f"batch_size={batch}") + (
+            f", num_workers={workers}, persistent_workers" if workers else ""
+        )
+        end = time.perf_counter()
+        del loader, b  # shuts the workers down, so their CPU time counts below
+        gc.collect()
+    if not config.startswith("torch"):
+        end = time.perf_counter()
+    elapsed = end - start
+    cpu = cpu_seconds() - cpu0
     first_epoch = marks[0][1] / (marks[0][0] - start)
     if len(marks) > 1:  # the steady state: the epochs after the first
         steady = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
@@ -227,24 +231,54 @@ def print_tune(results: dict, repeats: int) -> None:
     print(f"  autotuner / best hand-picked ({best}): {rate['chute-auto'] / rate[best]:.2f}")
 
 
-def print_table(workload: str, results: dict, repeats: int, epochs: int) -> None:
-    torch_rates = [v["samples_per_s"] for k, v in results.items() if k.startswith("torch")]
-    best_torch = max(torch_rates) if torch_rates else None
+def table(workload: str, results: dict, repeats: int, epochs: int) -> dict:
+    """The workload's table for benchmarks/results/loader.json: medians, ratios to the limit and to the best torch."""
+    rates = {config: r["samples_per_s"] for config, r in results.items()}
+    best_torch, best_rate = _torch.best(rates)
     limit_key = next((k for k in results if k in ("limit", "limit-read")), None)
-    limit = results[limit_key]["samples_per_s"] if limit_key else None
-    print(f"\n{workload.upper()} (batch {BATCH[workload]}, {epochs} shuffled epochs per run, median of {repeats} runs)")
-    print(f"  {'':58s} {'samples/s':>11s} {'MB/s':>8s} {'/limit':>7s} {'/torch':>7s} {'1st epoch':>10s} {'1st batch':>10s} {'CPU s/1k':>9s}  settings; runs")
+    rows = []
     for config, r in results.items():
-        ratio = f"{r['samples_per_s'] / limit:7.2f}" if limit else f"{'-':>7s}"
-        vs_torch = f"{r['samples_per_s'] / best_torch:7.1f}" if best_torch else f"{'-':>7s}"
-        print(
-            f"  {LABELS.get(config, config):58s} {r['samples_per_s']:11,.0f} {r['mb_per_s']:8,.0f} {ratio} {vs_torch} "
-            f"{r['first_epoch_per_s']:10,.0f} {r['first_batch_s']:9.3f}s {r['cpu_s_per_1000']:9.3f}  {r.get('settings', '')}; "
-            f"{', '.join(f'{x:,.0f}' for x in r['runs'])}"
-        )
+        rows.append({
+            "label": LABELS.get(config, config),
+            "config": config,
+            "samples_per_s": r["samples_per_s"],
+            "mb_per_s": r["mb_per_s"] if workload != "w1" else None,
+            "cpu_s_per_1000": r["cpu_s_per_1000"],
+            "ratio_limit": r["samples_per_s"] / rates[limit_key] if limit_key else None,
+            "ratio_torch": r["samples_per_s"] / best_rate,
+            "first_epoch_per_s": r["first_epoch_per_s"],
+            "first_batch_s": r["first_batch_s"],
+            "settings": r.get("settings", ""),
+            "runs": r["runs"],
+        })
+    columns = [["samples_per_s", "samples/s", ",.0f"], ["mb_per_s", "MB/s", ",.0f"],
+               ["cpu_s_per_1000", "CPU s / 1k samples", ".4f"], ["ratio_limit", "/ limit", ".2f"],
+               ["ratio_torch", "/ best torch", ".2f"], ["first_epoch_per_s", "1st epoch", ",.0f"],
+               ["first_batch_s", "1st batch s", ".3f"], ["settings", "settings", ""]]
+    if workload == "w1":
+        columns = [c for c in columns if c[0] not in ("mb_per_s", "ratio_limit")]
+    return {
+        "title": f"{workload.upper()}, batch {BATCH[workload]}",
+        "columns": columns,
+        "rows": rows,
+        "notes": (f"median of {repeats} runs of {epochs} shuffled epochs, each run a fresh process; samples/s over epoch(s) "
+                  f"{'2-' + str(epochs) if epochs > 2 else '2'}; best torch: {_torch.label(best_torch)}; CPU s / 1k samples: the process's and its worker "
+                  "processes' user + system time over all epochs"),
+    }
+
+
+def print_table(workload: str, results: dict, repeats: int, epochs: int) -> dict:
+    from tables import render
+
+    t = table(workload, results, repeats, epochs)
+    print()
+    print(render(t))
+    for row in t["rows"]:
+        print(f"  runs, {row['config']}: {', '.join(f'{x:,.0f}' for x in row['runs'])}")
     chute = {k: v["samples_per_s"] for k, v in results.items() if k.startswith("chute")}
     if "chute-t1" in chute and "chute-t2" in chute:
         print(f"  2 threads / 1 thread: {chute['chute-t2'] / chute['chute-t1']:.2f}")
+    return t
 
 
 def _rss_mb(children: bool = False) -> float:
@@ -270,9 +304,10 @@ def main() -> None:
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
           f"median of {args.repeats} runs of {args.epochs} epoch(s)")
+    tables = {}
     for workload in args.only or ["w2", "w3", "w1"]:
         runs: dict[str, list[dict]] = {config: [] for config in CONFIGS[workload]}
-        for _ in range(args.repeats):
+        for done_rounds in range(1, args.repeats + 1):
             for config in CONFIGS[workload]:
                 out = subprocess.run(
                     [sys.executable, __file__, "--data-dir", args.data_dir, "--epochs", str(args.epochs), "--one", workload, config],
@@ -281,20 +316,28 @@ def main() -> None:
                 if out.returncode != 0:
                     raise SystemExit(f"{workload} {config} failed:\n{out.stderr}")
                 runs[config].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        results = {}
-        for config, done in runs.items():
-            results[config] = {k: statistics.median(r[k] for r in done) for k in done[0] if isinstance(done[0][k], (int, float))}
-            results[config]["settings"] = done[-1].get("settings", "")
-            results[config]["runs"] = [r["samples_per_s"] for r in done]
+            if workload in ("w4", "w2tune"):
+                continue
+            # the table after every round (medians of the rounds so far), so a run cut short keeps what it measured
+            tables[workload] = print_table(workload, summarize(runs), done_rounds, args.epochs)
+            save("loader", {workload: tables[workload]})
+        results = summarize(runs)
         if workload == "w4":
             from _w4 import print_table as print_w4
 
             print_w4(results, args.repeats)
         elif workload == "w2tune":
             print_tune(results, args.repeats)
-        else:
-            print_table(workload, results, args.repeats, args.epochs)
 
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per configuration: the median of each figure over its runs, the last settings, and every run's samples/s."""
+    results = {}
+    for config, done in runs.items():
+        results[config] = {k: statistics.median(r[k] for r in done) for k in done[0] if isinstance(done[0][k], (int, float))}
+        results[config]["settings"] = done[-1].get("settings", "")
+        results[config]["runs"] = [r["samples_per_s"] for r in done]
+    return results
 
 if __name__ == "__main__":
     main()

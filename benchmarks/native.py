@@ -31,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
+from _results import save
 from chute import _native
 from chute.order import _permutation_numpy, permutation
 
@@ -47,8 +48,11 @@ def split_rows(x: np.ndarray, shards: int) -> tuple[list[np.ndarray], np.ndarray
     return [x[cuts[i] : cuts[i + 1]] for i in range(shards)], cuts
 
 
+TABLES: dict[str, dict] = {}
+
+
 def run_case(title: str, candidates: dict[str, Callable[[int], None]], batches: int, rows_per_batch: int,
-             bytes_per_row: float, repeats: int) -> None:
+             bytes_per_row: float, repeats: int, key: str | None = None) -> None:
     """Times each candidate over ``batches`` calls per repeat (interleaved), prints medians and ratios.
 
     The first candidate is the reference the ratios are taken against.
@@ -67,10 +71,19 @@ def run_case(title: str, candidates: dict[str, Callable[[int], None]], batches: 
     width = max(len(label) for label in labels.values())
     print(f"\n{title}")
     print(f"  {'':{width}} {'rows/s':>12} {'MB/s':>9} {'x reference':>12}")
+    rows = []
     for name, times in seconds.items():
         rate = batches * rows_per_batch / statistics.median(times)
         ratio = statistics.median(r / t for r, t in zip(seconds[reference], times))
         print(f"  {labels[name]:{width}} {rate:12,.0f} {rate * bytes_per_row / 1e6:9,.0f} {ratio:12.2f}")
+        rows.append({"label": labels[name], "rows_per_s": rate, "mb_per_s": rate * bytes_per_row / 1e6, "ratio": ratio})
+    if key:
+        TABLES[key] = {
+            "title": title,
+            "columns": [["rows_per_s", "rows/s", ",.0f"], ["mb_per_s", "MB/s", ",.0f"], ["ratio", "x reference", ".2f"]],
+            "rows": rows,
+            "notes": f"one thread, data in RAM; median of {repeats} interleaved repeats, ratios per repeat",
+        }
 
 
 def w2(repeats: int, rng: np.random.Generator) -> None:
@@ -86,30 +99,37 @@ def w2(repeats: int, rng: np.random.Generator) -> None:
     run_case(
         f"W2 images: 3072-byte rows; {settings}",
         {
-            "numpy x[idx], one in-RAM array": lambda b: images[batches[b]],
-            "_native.gather": lambda b: _native.gather(batches[b], offsets, [(image_shards, out_images, 3072)]),
+            "numpy np.take(x, idx, out=, mode='clip'), one in-RAM array, reused output": lambda b: np.take(
+                images, batches[b], axis=0, out=out_images, mode="clip"
+            ),
+            "numpy x[idx], one in-RAM array, fresh output": lambda b: images[batches[b]],
+            "_native.gather, reused output": lambda b: _native.gather(batches[b], offsets, [(image_shards, out_images, 3072)]),
         },
-        n_batches, batch, 3072, repeats,
+        n_batches, batch, 3072, repeats, key="w2-images",
     )
     run_case(
         f"W2 labels: 8-byte rows; {settings}",
         {
-            "numpy labels[idx], one in-RAM array": lambda b: labels[batches[b % n_batches]],
-            "_native.gather": lambda b: _native.gather(
+            "numpy np.take(labels, idx, out=, mode='clip'), reused output": lambda b: np.take(labels, batches[b % n_batches], out=out_labels, mode="clip"),
+            "numpy labels[idx], fresh output": lambda b: labels[batches[b % n_batches]],
+            "_native.gather, reused output": lambda b: _native.gather(
                 batches[b % n_batches], offsets, [(label_shards, out_labels, 8)]
             ),
         },
-        n_batches * 10, batch, 8, repeats,
+        n_batches * 10, batch, 8, repeats, key="w2-labels",
     )
     run_case(
         f"W2 images + labels; {settings}",
         {
-            "numpy x[idx] and labels[idx]": lambda b: (images[batches[b]], labels[batches[b]]),
-            "_native.gather, both columns in one call": lambda b: _native.gather(
+            "numpy np.take(..., out=, mode='clip') of both, reused outputs": lambda b: (
+                np.take(images, batches[b], axis=0, out=out_images, mode="clip"), np.take(labels, batches[b], out=out_labels, mode="clip")
+            ),
+            "numpy x[idx] and labels[idx], fresh outputs": lambda b: (images[batches[b]], labels[batches[b]]),
+            "_native.gather, both columns in one call, reused outputs": lambda b: _native.gather(
                 batches[b], offsets, [(image_shards, out_images, 3072), (label_shards, out_labels, 8)]
             ),
         },
-        n_batches, batch, 3080, repeats,
+        n_batches, batch, 3080, repeats, key="w2-both",
     )
 
 
@@ -126,9 +146,10 @@ def w3(repeats: int, rng: np.random.Generator, rows: int) -> None:
             "memcpy of 8 MiB from one contiguous place (np.copyto)": lambda b: np.copyto(
                 out, data[starts[b] : starts[b] + batch]
             ),
+            "numpy np.take(x, idx, out=, mode='clip'), reused output": lambda b: np.take(data, batches[b], axis=0, out=out, mode="clip"),
             "_native.gather": lambda b: _native.gather(batches[b], offsets, [(shards, out, row_bytes)]),
         },
-        n_batches, batch, row_bytes, repeats,
+        n_batches, batch, row_bytes, repeats, key="w3",
     )
 
 
@@ -167,7 +188,7 @@ def w1(repeats: int, rng: np.random.Generator) -> None:
             ],
             "_native.take_dicts": lambda b: _native.take_dicts(batches[b], cuts, sources, "str"),
         },
-        n_batches, batch, 100, repeats,
+        n_batches, batch, 100, repeats, key="w1-dicts",
     )
 
     strings = [pa.array(five_digits(int(cuts[i + 1] - cuts[i])), pa.large_string()) for i in range(5)]
@@ -180,7 +201,7 @@ def w1(repeats: int, rng: np.random.Generator) -> None:
             "pyarrow take().to_pylist()": lambda b: string_column.take(string_batches[b]).to_pylist(),
             "_native.take_objects": lambda b: _native.take_objects(string_batches[b], cuts, string_sources, "str"),
         },
-        n_batches, 256, 5, repeats,
+        n_batches, 256, 5, repeats, key="strings",
     )
 
 
@@ -192,7 +213,7 @@ def feistel(repeats: int) -> None:
                 "numpy (chute.order._permutation_numpy)": lambda b: _permutation_numpy(n, b),
                 "_native.feistel (chute.order.permutation)": lambda b: permutation(n, b),
             },
-            3, n, 8, repeats,
+            3, n, 8, repeats, key=f"feistel-{n}",
         )
 
 
@@ -215,6 +236,7 @@ def main() -> None:
         w1(args.repeats, rng)
     if "feistel" in only:
         feistel(args.repeats)
+    save("native", TABLES)
 
 
 if __name__ == "__main__":

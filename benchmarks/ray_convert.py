@@ -29,7 +29,6 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import chute  # noqa: E402
 from _data import array_dataset  # noqa: E402
 
 

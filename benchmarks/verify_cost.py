@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import chute  # noqa: E402
 from _data import warm  # noqa: E402
+from _results import save  # noqa: E402
 
 
 def make(root: str, kind: str, rows: int) -> str:
@@ -76,6 +77,7 @@ def main() -> None:
     os.makedirs(args.data, exist_ok=True)
     print(f"settings: {args.runs} runs per setting, {args.rows:,} rows, batch {args.batch}, shuffled, threads: "
           "chute's default (autotuned), data in the page cache, 32 MB shards; one fresh process per epoch")
+    rows = []
     for kind in ("tensors", "variable"):
         path = make(args.data, kind, args.rows)
         ds = chute.open(path)
@@ -95,6 +97,19 @@ def main() -> None:
         bare, checked, whole = (statistics.median(times[False]), statistics.median(times[True]), statistics.median(full))
         print(f"{kind:9s} {ds.nbytes / 2**20:7.1f} MiB in {len(ds.shards)} shards: first epoch {bare:6.3f} s unverified, "
               f"{checked:6.3f} s verified (x{checked / bare:.2f}); Dataset.verify() {whole:6.3f} s (x{whole / bare:.2f} of an epoch)")
+        rows.append({
+            "label": (f"W2-shaped tensors, {ds.nbytes / 2**20:.1f} MiB in {len(ds.shards)} shards" if kind == "tensors" else
+                      f"variable columns (string, map, JSON, ragged), {ds.nbytes / 2**20:.1f} MiB in {len(ds.shards)} shards"),
+            "bare_s": bare, "verified_s": checked, "ratio": checked / bare, "verify_call_s": whole,
+        })
+    save("verify_cost", {"epoch": {
+        "title": f"{args.rows:,} rows, batch {args.batch}, page cache",
+        "columns": [["bare_s", "first epoch, verify=False, s", ".3f"], ["verified_s", "first epoch, verify=True, s", ".3f"],
+                    ["ratio", "verified / not", ".2f"], ["verify_call_s", "Dataset.verify() s", ".3f"]],
+        "rows": rows,
+        "notes": (f"median of {args.runs} runs; each epoch in a fresh process with an empty chute cache directory, so every "
+                  "run pays the checksums (the worst case: once per machine and file otherwise)"),
+    }})
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ at once, and a program pays for what it touches.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chute._version import __version__
 
@@ -56,6 +56,28 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:  # what type checkers see of the lazy names above (tests/test_import.py checks both lists agree)
+    from chute import images as images
+    from chute.device import DeviceLoader as DeviceLoader, to_device as to_device
+    from chute.errors import (
+        CacheFullError as CacheFullError, ChuteError as ChuteError, ManifestError as ManifestError,
+        PickleRefusedError as PickleRefusedError, RemoteError as RemoteError, SchemaError as SchemaError,
+        ShardError as ShardError, StallError as StallError, WriteError as WriteError,
+    )
+    from chute.format.reader import Dataset as Dataset
+    from chute.format.schema import (
+        Bytes as Bytes, Json as Json, Map as Map, Ragged as Ragged, Scalar as Scalar, Schema as Schema,
+        String as String, Tensor as Tensor,
+    )
+    from chute.format.writer import Writer as Writer, write as write
+    from chute.mixture import mix as mix
+    from chute.observe.consumer import observe as observe
+    from chute.pipeline.config import Shuffle as Shuffle, Watchdog as Watchdog, Workers as Workers
+    from chute.pipeline.loader import Loader as Loader
+    from chute.pipeline.randomness import sample_rng as sample_rng, sample_seed as sample_seed
+    from chute.pipeline.torch_iterable import TorchIterable as TorchIterable
+    from chute.storage.open import open_dataset as open  # noqa: F401  (in __all__ through _EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -14,10 +14,14 @@ The buffers of every shard read are held for the whole call, so another thread m
 replace list items meanwhile. Copies of 64 KiB and more run with the GIL released.
 """
 
+import sys
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal, TypeAlias
 
-from typing_extensions import Buffer
+if sys.version_info >= (3, 12):
+    from collections.abc import Buffer
+else:  # anything with the buffer protocol (bytes, numpy arrays, mmap); no typing_extensions dependency
+    Buffer: TypeAlias = Any
 
 class Unmapped(LookupError):
     """A needed source is None; ``shard`` is the lowest such shard. Nothing was copied."""

@@ -5,9 +5,10 @@ The write-up's layout: a CSV index and one gzip-compressed pickle per sample
 map-style Dataset that opens one file per item. The demo generates that layout,
 converts it with ``chute convert``, checks that a chute Loader delivers every
 sample exactly once and identical to its file, then times both ways like for
-like: the same batches, a torch DataLoader at ``num_workers=0`` and at
-``num_workers=N`` (the faster one is the baseline), several passes each taken in
-turn, medians printed. A second part trains a tiny CNN on images fed each way
+like: the same batches, four torch DataLoaders (``__getitem__`` per sample, and
+a batch at a time through ``sampler=BatchSampler(...)``, ``batch_size=None``,
+each at ``num_workers=0`` and ``num_workers=N``; the fastest is the baseline),
+several passes each taken in turn, medians printed. A second part trains a tiny CNN on images fed each way
 and reports samples/s and how long the loop waited for data.
 
 Nothing is printed that the run cannot measure reliably: no single-run ratios,
@@ -55,6 +56,17 @@ class PickleFilesDataset(torch.utils.data.Dataset):
             return {"path": path, "label": label, "data": pickle.load(f)}
 
 
+class BatchPickleFilesDataset(PickleFilesDataset):
+    """The same files fetched a batch at a time: ``__getitem__(list of indices)`` returns the batch's samples.
+
+    With ``sampler=BatchSampler(...)`` and ``batch_size=None`` a DataLoader calls it once
+    per batch, so a worker hands over one list per batch instead of collating samples.
+    """
+
+    def __getitem__(self, indices: list[int]) -> list[dict[str, Any]]:  # type: ignore[override]
+        return [PickleFilesDataset.__getitem__(self, i) for i in indices]
+
+
 def generate(root: str, files: int, seed: int = 0) -> str:
     """Write ``files`` gzipped pickles of ten random 5-digit keys/values and a CSV index."""
     rng = random.Random(seed)
@@ -82,11 +94,23 @@ class ArrayDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(np.load(self.paths[1], mmap_mode="r"))
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if self.arrays is None:  # mapped lazily, so each worker process maps the files itself
-            self.arrays = tuple(np.load(p, mmap_mode="r") for p in self.paths)
-        images, labels = self.arrays
+            self.arrays = (np.load(self.paths[0], mmap_mode="r"), np.load(self.paths[1], mmap_mode="r"))
+        return self.arrays
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        images, labels = self._arrays()
         return {"image": torch.from_numpy(np.array(images[i])), "label": int(labels[i])}
+
+
+class BatchArrayDataset(ArrayDataset):
+    """The same arrays fetched a batch at a time: ``__getitem__(list of indices)`` is one fancy index per array."""
+
+    def __getitem__(self, indices: list[int]) -> dict[str, Any]:  # type: ignore[override]
+        images, labels = self._arrays()
+        idx = np.asarray(indices, dtype=np.int64)
+        return {"image": torch.from_numpy(images[idx]), "label": torch.from_numpy(np.asarray(labels[idx]))}
 
 
 def learnable_images(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -166,10 +190,33 @@ def _times(ratio: float) -> str:
     return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:.0f}x"
 
 
-def _torch_loader(dataset: torch.utils.data.Dataset, workers: int, batch_size: int, **kwargs: Any) -> torch.utils.data.DataLoader:
+def _torch_loader(dataset: torch.utils.data.Dataset, workers: int, batch_size: int, batch_fetch: bool = False,
+                  **kwargs: Any) -> torch.utils.data.DataLoader:
+    """A shuffled DataLoader fetching one sample per ``__getitem__``, or (``batch_fetch``) a list of indices per call."""
+    if batch_fetch:
+        sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(dataset), batch_size, drop_last=kwargs.pop("drop_last", False))
+        kwargs.pop("collate_fn", None)  # a batch-fetching Dataset returns the batch as it is
+        return torch.utils.data.DataLoader(
+            dataset, sampler=sampler, batch_size=None, num_workers=workers, persistent_workers=workers > 0, **kwargs
+        )
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0, **kwargs
     )
+
+
+def _torch_name(workers: int, batch_fetch: bool) -> str:
+    how = "batch __getitem__(list)" if batch_fetch else "per-sample __getitem__"
+    return f"torch DataLoader, {how}, num_workers={workers}"
+
+
+def _torch_loaders(sample_ds: torch.utils.data.Dataset, batch_ds: torch.utils.data.Dataset, workers: int, batch_size: int,
+                   **kwargs: Any) -> dict[str, torch.utils.data.DataLoader]:
+    """The four DataLoaders a torch user would try, by name: per-sample and batch fetch, at 0 and ``workers`` processes."""
+    loaders = {}
+    for batch_fetch, dataset in ((False, sample_ds), (True, batch_ds)):
+        for w in sorted({0, workers}):
+            loaders[_torch_name(w, batch_fetch)] = _torch_loader(dataset, w, batch_size, batch_fetch, **dict(kwargs))
+    return loaders
 
 
 def compare_reading(index: str, ds: Any, workers: int, runs: int) -> dict[str, float]:
@@ -178,14 +225,12 @@ def compare_reading(index: str, ds: Any, workers: int, runs: int) -> dict[str, f
 
     files = len(ds)
     baseline = PickleFilesDataset(index)
-    settings = sorted({0, workers})
-    torch_loaders = {w: _torch_loader(baseline, w, READ_BATCH, collate_fn=list) for w in settings}
+    torch_loaders = _torch_loaders(baseline, BatchPickleFilesDataset(index), workers, READ_BATCH, collate_fn=list)
     chute_loader = chute.Loader(ds, READ_BATCH, shuffle=True)
     try:
-        _check_identical(baseline, torch_loaders[settings[-1]], chute_loader)
+        _check_identical(baseline, torch_loaders[_torch_name(workers, True)], chute_loader)
         contenders: dict[str, Callable[[int], Any]] = {
-            f"torch DataLoader, num_workers={w}": (lambda _, loader=loader: _timed(lambda: read_pass(loader)))
-            for w, loader in torch_loaders.items()
+            name: (lambda _, loader=loader: _timed(lambda: read_pass(loader))) for name, loader in torch_loaders.items()
         }
         contenders["chute Loader"] = lambda _: _timed(lambda: read_pass(chute_loader))
         seconds = medians(contenders, runs)
@@ -222,14 +267,12 @@ def compare_training(root: str, workers: int, runs: int, steps: int) -> dict[str
     ds = chute.write(
         ({"image": im, "label": int(lb)} for im, lb in zip(images, labels)), os.path.join(root, "images-chute"), shard_size="16MB"
     )
-    arrays = ArrayDataset(os.path.join(root, "images.npy"), os.path.join(root, "labels.npy"))
-    settings = sorted({0, workers})
-    torch_loaders = {w: _torch_loader(arrays, w, TRAIN_BATCH, drop_last=True) for w in settings}
+    paths = (os.path.join(root, "images.npy"), os.path.join(root, "labels.npy"))
+    torch_loaders = _torch_loaders(ArrayDataset(*paths), BatchArrayDataset(*paths), workers, TRAIN_BATCH, drop_last=True)
     chute_loader = chute.Loader(ds, TRAIN_BATCH, shuffle=True, drop_last=True)
     try:
         contenders: dict[str, Callable[[int], Any]] = {
-            f"torch DataLoader, num_workers={w}": (lambda i, loader=loader: train_run(loader, steps if i >= 0 else 5, i))
-            for w, loader in torch_loaders.items()
+            name: (lambda i, loader=loader: train_run(loader, steps if i >= 0 else 5, i)) for name, loader in torch_loaders.items()
         }
         contenders["chute Loader"] = lambda i: train_run(chute_loader, steps if i >= 0 else 5, i)
         results = medians(contenders, runs)
@@ -251,7 +294,7 @@ def _print_rates(rates: dict[str, float], notes: dict[str, str] | None = None) -
     for name, rate in rates.items():
         note = (notes or {}).get(name, "")
         if name.startswith("chute"):
-            note += f"   {_times(rate / best_torch)} the faster DataLoader"
+            note += f"   {_times(rate / best_torch)} the fastest DataLoader"
         print(f"    {name:<{width}} {_rate(rate)}{note}")
 
 

@@ -94,10 +94,13 @@ def test_demo_compares_like_for_like_and_prints_medians():
     assert "reading every sample, shuffled, in batches of 64 (median of 2 passes each):" in result.stdout
     assert "8 steps of 128 uint8[3,32,32] images, shuffled (median of 2 runs each):" in result.stdout
     rates = [line for line in lines if line.endswith("samples/s") or "samples/s " in line]
-    assert len(rates) == 6, result.stdout
-    for part in (rates[:3], rates[3:]):  # both DataLoader settings and chute, the same batch size
-        assert "torch DataLoader, num_workers=0" in part[0] and "torch DataLoader, num_workers=" in part[1]
-        assert "chute Loader" in part[2] and part[2].endswith("x the faster DataLoader")
-    assert all("waited for data" in line for line in rates[3:])
+    assert len(rates) == 10, result.stdout
+    for part in (rates[:5], rates[5:]):  # the four DataLoaders and chute, the same batch size
+        assert "torch DataLoader, per-sample __getitem__, num_workers=0" in part[0]
+        assert "torch DataLoader, per-sample __getitem__, num_workers=" in part[1]
+        assert "torch DataLoader, batch __getitem__(list), num_workers=0" in part[2]
+        assert "torch DataLoader, batch __getitem__(list), num_workers=" in part[3]
+        assert "chute Loader" in part[4] and part[4].endswith("x the fastest DataLoader")
+    assert all("waited for data" in line for line in rates[5:])
     assert "loss" not in result.stdout  # differs between runs by chance: not printed
     assert "MISSION" not in result.stdout

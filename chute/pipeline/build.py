@@ -84,7 +84,7 @@ def iterate(loader: Any, epoch: int, position: int) -> Iterator[Any]:
     watch, meter = loader._watch(), loader._meter
     if loader.device is None:
         return stream(run, watch, meter)
-    from chute.device import DeviceCopier, DevicePrefetcher
+    from chute.device import DevicePrefetcher
 
     def on_device() -> Iterator[Any]:
         start(loader, run)  # (its START event opens the report's window)  # in the training loop's thread, before the device stage's thread exists

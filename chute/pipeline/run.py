@@ -15,7 +15,6 @@ With a device, :func:`stream` runs in the device stage's thread instead
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time

@@ -21,7 +21,7 @@ import itertools
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from chute._channel import Channel, Failure
 

@@ -92,7 +92,16 @@ def test_take_dicts_keeps_entry_order_and_the_last_duplicate(args):
 def test_take_dicts_equals_pyarrow_strict_dicts(args):
     kind, (map_type, arrays, layout, indices) = args
     got = _native.take_dicts(indices, offsets_of(layout), [map_source(a) for a in arrays], kind)
-    assert got == concat(arrays, map_type).take(indices).to_pylist(maps_as_pydicts="strict")
+    assert got == _strict_dicts(concat(arrays, map_type).take(indices))
+
+
+def _strict_dicts(array) -> list:
+    """pyarrow's ``to_pylist(maps_as_pydicts="strict")`` (pyarrow >= 16); at older pyarrow (the declared
+    minimum) the same built from the pairs: this test's maps have no duplicate keys."""
+    try:
+        return array.to_pylist(maps_as_pydicts="strict")
+    except TypeError:
+        return [None if pairs is None else dict(pairs) for pairs in array.to_pylist()]
 
 
 @SETTINGS

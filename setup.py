@@ -1,0 +1,27 @@
+"""The native extension, chute._native: every C file in chute/_csrc, compiled when chute is installed.
+
+Everything else about the package is in pyproject.toml; the extension is here
+because setuptools' ``[tool.setuptools.ext-modules]`` table is still
+experimental. A new kernel file in chute/_csrc is picked up by the glob: no list
+to edit. ``-O3`` but no ``-march``: wheels must run on any x86-64 machine.
+
+Not the stable ABI (``Py_LIMITED_API``): the kernels build strings in place
+(``PyUnicode_New`` + ``PyUnicode_DATA``, outside the limited API in every
+version) and take buffers with ``PyObject_GetBuffer``, limited only from 3.11,
+while chute supports 3.10. One wheel per CPython version instead.
+"""
+
+from glob import glob
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "chute._native",
+            sources=sorted(glob("chute/_csrc/*.c")),
+            depends=sorted(glob("chute/_csrc/*.h")),
+            extra_compile_args=["-O3", "-fvisibility=hidden"],
+        )
+    ]
+)
