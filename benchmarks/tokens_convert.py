@@ -92,7 +92,7 @@ def main() -> None:
 
     from tokenizers import Tokenizer
 
-    from chute.tokens.convert import convert_counted
+    from chute.tokens.text import convert_counted
 
     os.makedirs(args.data, exist_ok=True)
     src = corpus(os.path.join(args.data, f"text-{args.mb}mb.jsonl"), args.mb)

@@ -98,12 +98,12 @@ CONVERT_OPTIONS = ("path_column", "root", "data_type", "column_types", "cast", "
 """``chute convert`` flags that go to one kind of converter only (unset ones are not passed)."""
 
 
-# ---- chute convert --tokenizer: a text corpus into a token dataset (chute/tokens/convert.py, docs/tokens-convert.md)
+# ---- chute convert --tokenizer: a text corpus into a token dataset (chute/tokens/text.py, docs/tokens.md)
 TEXT_OPTIONS = ("text_key", "eos", "eos_id", "keep_empty", "vocab_size")
 
 
 def _convert_text(args: argparse.Namespace) -> int:
-    from chute.tokens.convert import convert_counted
+    from chute.tokens.text import convert_counted
 
     if args.tokenizer is None:
         given = [f"--{n.replace('_', '-')}" for n in TEXT_OPTIONS if getattr(args, n) not in (None, False)]
@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "3*H*W bytes each, typically 5-15x the JPEG; training then skips decoding)")
     # chute convert --ray (docs/ray.md): reading and writing run as tasks of a Ray cluster
     p.add_argument("--ray", metavar="ADDRESS", help="read and write with Ray tasks on the cluster at ADDRESS ('auto', 'ray://host:10001', or 'local'); needs chute[ray]")
-    # ---- chute convert --tokenizer (docs/tokens-convert.md): a text corpus into a token dataset
+    # ---- chute convert --tokenizer (docs/tokens.md): a text corpus into a token dataset
     p.add_argument("--tokenizer", metavar="TOKENIZER", default=None,
                    help="tokenize a text corpus (SRC: .jsonl[.gz|.zst], Parquet, a folder of .txt, a Hugging Face dataset) "
                         "with TOKENIZER: a path to a Hugging Face tokenizer.json, or a tiktoken encoding name (cl100k_base)")

@@ -9,7 +9,7 @@ import pytest
 
 import chute
 from chute.errors import ChuteError
-from chute.tokens.convert import convert, convert_counted
+from chute.tokens.text import convert, convert_counted
 from tests.tokens.text_corpus import (
     TEXTS,
     documents,

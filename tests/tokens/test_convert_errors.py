@@ -11,7 +11,7 @@ import pytest
 
 from chute.cli import main
 from chute.errors import ChuteError
-from chute.tokens.convert import convert
+from chute.tokens.text import convert
 from tests.tokens.text_corpus import documents, expected, train_tokenizer, write_jsonl, write_parquet
 
 pytest.importorskip("tokenizers")

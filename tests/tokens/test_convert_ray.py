@@ -7,7 +7,7 @@ import os
 import pytest
 
 from chute.errors import ChuteError
-from chute.tokens.convert import convert
+from chute.tokens.text import convert
 from tests.tokens.text_corpus import TEXTS, train_tokenizer, write_jsonl
 
 pytest.importorskip("tokenizers")

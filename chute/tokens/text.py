@@ -1,4 +1,4 @@
-"""``chute.tokens.convert``: a text corpus tokenized into a token dataset (``chute convert --tokenizer``).
+"""``chute.tokens.convert``, in module ``chute.tokens.text``: a text corpus tokenized into a token dataset (``chute convert --tokenizer``).
 
 The corpus is read in this process as chunks of about 1 MiB of text
 (:mod:`chute.tokens._text_sources`); worker processes (or Ray actors) parse and
@@ -86,7 +86,7 @@ def convert(
 
     ``tokenizer``: a path to a Hugging Face ``tokenizer.json`` (or its folder), a
     tiktoken encoding name (``cl100k_base``; tiktoken needs its BPE file: see
-    docs/tokens-convert.md), a ``tokenizers.Tokenizer``, a ``tiktoken.Encoding``, or a
+    docs/tokens.md), a ``tokenizers.Tokenizer``, a ``tiktoken.Encoding``, or a
     function ``text -> token ids`` (a top-level function when ``workers`` > 1). The
     vocabulary size (the tokenizer's, or ``vocab_size``) picks uint16 or uint32 storage.
 
