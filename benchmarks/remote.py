@@ -232,6 +232,8 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
                "dataset_MB": round(size / 1e6), "shards": len(names), "runs": args.runs, "cache_fraction": FRACTION,
                "second_bound": round(1 - FRACTION + 0.05, 2)}
         row.update({k: round(statistics.median(v), 3) for k, v in rows.items()})
+        # chute's own downloads are a client too: the ratio to the best of all of them
+        row["ratio_best"] = round(row["cold_MBps"] / max(row["ceiling_MBps"], row["chute_download_MBps"]), 3)
         capacity = int(size * FRACTION) // max(sizes)
         order = Order(tuple(s.rows for s in local.shards), BATCH, shuffle=True, seed=0, window=int(row["window"]))
         for policy, misses in simulate(order, capacity).items():
