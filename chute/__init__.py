@@ -58,7 +58,7 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:  # what type checkers see of the lazy names above (tests/test_import.py checks both lists agree)
-    from chute import images as images
+    from chute import images as images, tokens as tokens
     from chute.device import DeviceLoader as DeviceLoader, to_device as to_device
     from chute.errors import (
         CacheFullError as CacheFullError, ChuteError as ChuteError, ManifestError as ManifestError,
@@ -68,11 +68,11 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names above (tests/test_
     from chute.format.reader import Dataset as Dataset
     from chute.format.schema import (
         Bytes as Bytes, Json as Json, Map as Map, Ragged as Ragged, Scalar as Scalar, Schema as Schema,
-        String as String, Tensor as Tensor,
+        String as String, Tensor as Tensor, Nullable as Nullable,
     )
-    from chute.format.writer import Writer as Writer, write as write
+    from chute.storage.write import Writer as Writer, write as write
     from chute.mixture import mix as mix
-    from chute.observe.consumer import observe as observe
+    from chute.observe import observe as observe
     from chute.pipeline.config import Shuffle as Shuffle, Watchdog as Watchdog, Workers as Workers
     from chute.pipeline.loader import Loader as Loader
     from chute.pipeline.randomness import sample_rng as sample_rng, sample_seed as sample_seed

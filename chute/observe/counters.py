@@ -47,6 +47,7 @@ import collections
 import dataclasses
 import threading
 import time
+from typing import Any
 
 #: Stages of a Loader, in the order data flows through them.
 STAGES = ("fetch", "order", "read", "transform", "device")

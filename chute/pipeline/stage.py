@@ -48,7 +48,7 @@ class Stage(abc.ABC):
     def state(self) -> dict[str, Any]:
         """Where the consumer is: ``reset(state())`` goes on with the item after the last one handed on."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a stage that started nothing has nothing to stop)
         """Stop what this stage started (threads, the loader's pass); the stages before it too."""
 
     def __enter__(self) -> Stage:

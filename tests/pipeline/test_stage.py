@@ -53,7 +53,9 @@ def test_map_keeps_the_order_and_resumes_with_the_next_batch(ds):
 
 
 def test_map_raises_the_functions_error_at_its_batch(ds):
-    def fail_third(batch, seen=[]):
+    seen = []
+
+    def fail_third(batch):
         seen.append(1)
         if len(seen) == 3:
             raise KeyError("third")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import re
 
 from chute.sources._progress import Progress, format_duration
 
