@@ -171,6 +171,7 @@ class Sharing:
         self._listener: _Listener | None = None
         self.state = MemberState()
         self.counts = {"turn_waits": 0, "yields": 0}
+        self.process = ""  # the process this member stands for in member names ("": this one's pid); tests set it
 
     # ------------------------------------------------------------------ what the cache and the fetcher call
 
@@ -360,7 +361,7 @@ class Sharing:
 
     def _join(self) -> None:
         os.makedirs(self.members_dir, exist_ok=True)
-        member = f"{os.getpid()}-{secrets.token_hex(6)}"
+        member = f"{self.process or os.getpid()}-{secrets.token_hex(6)}"
         path = os.path.join(self.members_dir, member)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)  # held for life; the kernel drops it if this process dies
@@ -427,7 +428,7 @@ class Sharing:
                 f"on this node that read the same pass (the ranks of one job): each holds its own {minimum:,} bytes "
                 f"at once; raise cache_limit to at least {need:,} bytes"
             )
-        mine = f"{os.getpid()}-"
+        mine = f"{self.process or os.getpid()}-"
         kept = sum(min(s.lease, s.minimum) for name, s in others.items() if name.startswith(mine) and not s.waiting)
         if kept and kept + minimum > self.limit:
             raise CacheFullError(

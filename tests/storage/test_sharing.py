@@ -251,9 +251,12 @@ def test_turns_first_come_first_served_and_ranks_of_one_job_fail_instead_of_wait
 
     cache_dir = str(tmp_path / "cache")
     asked = {job: threading.Event() for job in "AB"}  # set when that member is asked to give back read-ahead
+    made: list[Sharing] = []
 
     def member(job: str) -> Sharing:
         sharing = Sharing(cache_dir, 100)
+        sharing.process = f"simulated{len(made)}"  # each member stands for a process of its own
+        made.append(sharing)
         sharing.attach(sharing, 60, 90, on_demand=asked[job].set, on_change=lambda: None, soon=lambda: [], job=job)
         return sharing
 
