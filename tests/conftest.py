@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+
+from tests.servers import MotoS3Server, s3_client_env
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -21,6 +25,26 @@ def chute_cache_dir(tmp_path_factory):
         os.environ.pop("CHUTE_CACHE_DIR", None)
     else:
         os.environ["CHUTE_CACHE_DIR"] = previous
+
+
+def _require(*modules: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (install the test extras: pip install -e '.[test]')")
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3Server]:
+    """moto's S3 in a child process, one for the whole run (s3fs caches its clients by their arguments, not by
+    the endpoint in the environment: a second server would be sent the first one's requests)."""
+    _require("moto", "flask", "boto3", "s3fs")
+    with pytest.MonkeyPatch.context() as mp:
+        with MotoS3Server() as server:
+            for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+                mp.delenv(key, raising=False)
+            for key, value in s3_client_env(server.endpoint_url).items():
+                mp.setenv(key, value)
+            yield server
 
 
 def _open_fds() -> set[str]:

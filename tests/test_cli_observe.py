@@ -76,7 +76,7 @@ def test_bench_with_every_setting_given_tunes_nothing(dataset, capsys):
 
 
 def test_bench_does_not_say_set_by_hand_for_what_the_user_left_alone():
-    from chute.observe.bench import _how
+    from chute.tools.bench import _how
 
     assert _how("prefetch", ("threads",), []) == "chute's default"  # autotuning off, prefetch not given
     assert _how("prefetch", ("threads",), ["prefetch"]) == "autotuned"

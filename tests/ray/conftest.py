@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.storage.conftest import default_cache, moto_s3, s3_bucket  # noqa: F401  (fixtures)
+from tests.storage.conftest import default_cache, s3_bucket  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="session")

@@ -100,7 +100,8 @@ def test_a_row_that_does_not_fit_the_schema_fails_naming_the_column(local_ray, t
     import chute.ray
 
     def bad(batch):
-        return {"id": batch["id"], "x": np.zeros((len(batch["id"]), 2), np.float32)}
+        # 0.5 has no exact uint8 value: refused (an exact cast, such as 0.0, would be taken)
+        return {"id": batch["id"], "x": np.full((len(batch["id"]), 2), 0.5, np.float32)}
 
     with pytest.raises(Exception, match="column 'x': expected uint8 tensor"):
         chute.ray.write(

@@ -12,4 +12,4 @@ def pickle_index(tmp_path):
     return write_pickle_index(tmp_path / "src", 40)
 
 
-from tests.storage.conftest import default_cache, http_server, moto_s3, s3_bucket  # noqa: E402,F401  (real servers)
+from tests.storage.conftest import default_cache, http_server, s3_bucket  # noqa: E402,F401  (real servers)

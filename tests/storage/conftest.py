@@ -1,6 +1,7 @@
 """Fixtures that start real servers on 127.0.0.1 for the remote-storage tests.
 
-- ``moto_s3`` (session): moto's S3 in a child process. While it runs, the
+- ``moto_s3`` (session, defined in tests/conftest.py so that the whole run has ONE
+  server: s3fs caches its clients, and a second server would get the first one's): moto's S3 in a child process. While it runs, the
   environment sends every botocore/s3fs client to it with dummy credentials
   (``tests.servers.s3_client_env``); ``moto_s3.storage_options`` are the same
   settings as s3fs keyword arguments.
@@ -25,25 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import FaultyHTTPServer, MotoS3Server, s3_client_env
+from tests.servers import FaultyHTTPServer, MotoS3Server
 
 
 def _require(*modules: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (install the test extras: pip install -e '.[test]')")
-
-
-@pytest.fixture(scope="session")
-def moto_s3() -> Iterator[MotoS3Server]:
-    _require("moto", "flask", "boto3", "s3fs")
-    with pytest.MonkeyPatch.context() as mp:
-        with MotoS3Server() as server:
-            for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-                mp.delenv(key, raising=False)
-            for key, value in s3_client_env(server.endpoint_url).items():
-                mp.setenv(key, value)
-            yield server
 
 
 @pytest.fixture
