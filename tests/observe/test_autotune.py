@@ -287,7 +287,9 @@ def test_io_bound_converges_to_the_thread_count_computed_by_hand_past_the_cpu_co
     assert report.settings["autotune"] is True
     text = str(report)  # print(loader.report()): the autotuner's choice and why
     assert f"settings: threads {threads}, prefetch {report.settings['prefetch']} (autotuned)" in text
-    assert "autotuner decisions (latest last):" in text and "threads 1 -> 2: the loop waited" in text
+    assert "autotuner decisions (latest last):" in text  # the last 8 decisions: how many there are depends on the run
+    last = report.decisions[-1]
+    assert f"{last.change}: {last.reason}" in text
     assert report.decisions and report.decisions[0].change == "threads 1 -> 2"
     assert "the loop waited" in report.decisions[0].reason
     assert any("autotune: threads 1 -> 2" in r.getMessage() for r in caplog.records)
