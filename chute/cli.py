@@ -10,13 +10,14 @@ else is a bug in chute and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from chute import __version__
 from chute._sizes import format_size, parse_size
@@ -111,17 +112,13 @@ def _convert_text(args: argparse.Namespace) -> int:
     if args.kind is not None:
         raise ChuteError("--kind does not apply with --tokenizer (the text source's kind is told from SRC)")
     start = time.perf_counter()
-    try:
+    with _writing_to(args.dst):
         ds, counts = convert_counted(
             args.src, args.dst, tokenizer=args.tokenizer, text_key=args.text_key or "text", eos=args.eos,
             eos_id=args.eos_id, keep_empty=args.keep_empty, split=args.split, vocab_size=args.vocab_size,
             workers=args.workers, shard_size=args.shard_size, overwrite=args.overwrite, progress=not args.quiet,
             ray=args.ray,
         )
-    except OSError as exc:
-        if _concerns(exc, args.dst):
-            raise ChuteError(f"cannot write the dataset to {args.dst}: {_os_error_text(exc)}") from None
-        raise
     elapsed = time.perf_counter() - start
     print(
         f"wrote {counts.written:,} documents, {counts.tokens:,} tokens ({ds.metadata['tokens']['dtype']}) in "
@@ -145,24 +142,21 @@ def _convert(args: argparse.Namespace) -> int:
     kind_specific = {name: getattr(args, name) for name in CONVERT_OPTIONS if getattr(args, name) is not None}
     start = time.perf_counter()
     try:
-        ds = convert(
-            args.src,
-            args.dst,
-            kind=args.kind,
-            allow_pickle=args.allow_pickle,
-            workers=args.workers,
-            shard_size=args.shard_size,
-            overwrite=args.overwrite,
-            progress=not args.quiet,
-            **kind_specific,
-            **({"ray": args.ray} if args.ray else {}),
-        )
+        with _writing_to(args.dst):
+            ds = convert(
+                args.src,
+                args.dst,
+                kind=args.kind,
+                allow_pickle=args.allow_pickle,
+                workers=args.workers,
+                shard_size=args.shard_size,
+                overwrite=args.overwrite,
+                progress=not args.quiet,
+                **kind_specific,
+                **({"ray": args.ray} if args.ray else {}),
+            )
     except FixableError as exc:  # its fix as this command's flags, not as Python arguments
         raise ChuteError(exc.render("cli")) from None
-    except OSError as exc:
-        if _concerns(exc, args.dst):
-            raise ChuteError(f"cannot write the dataset to {args.dst}: {_os_error_text(exc)}") from None
-        raise
     elapsed = time.perf_counter() - start
     print(
         f"wrote {len(ds):,} rows in {len(ds.shards)} shard(s), {format_size(ds.nbytes)}, "
@@ -449,6 +443,17 @@ def _os_error_text(exc: OSError) -> str:
         errno.ENOSPC: "the disk is full",
     }.get(exc.errno or 0)
     return f"{text} ({hint})" if hint else text
+
+
+@contextlib.contextmanager
+def _writing_to(dst: str) -> Iterator[None]:
+    """An OS error about ``dst`` (disk full, no permission) becomes a one-line ChuteError naming it."""
+    try:
+        yield
+    except OSError as exc:
+        if _concerns(exc, dst):
+            raise ChuteError(f"cannot write the dataset to {dst}: {_os_error_text(exc)}") from None
+        raise
 
 
 def _concerns(exc: OSError, path: str) -> bool:
