@@ -115,8 +115,9 @@ class OrderedPool:
 
     With ``workers`` 0 or 1 the function runs in this process (no pickling: handy in
     tests and for tiny sources). Use as a context manager: leaving the block after an
-    error or a KeyboardInterrupt cancels the chunks not yet started and does not wait
-    for the pool.
+    error or a KeyboardInterrupt cancels the chunks not yet started and ends the reader
+    processes without waiting for the chunks in hand; either way, every reader has
+    ended when the block is left.
 
     ``setup(*setup_args)`` runs once in each reader process when it starts (to load
     what every chunk needs, such as a tokenizer, once per process rather than once
@@ -149,9 +150,15 @@ class OrderedPool:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         executor, self._executor = self._executor, None
-        if executor is not None:
-            # after an error, drop queued chunks and do not block on running ones
-            executor.shutdown(wait=exc_type is None, cancel_futures=True)
+        if executor is None:
+            return
+        if exc_type is not None:
+            # after an error the chunks in hand are of no use: end the readers now rather than
+            # wait for them (a reader may be blocked on a slow source), so that every reader
+            # process has ended and been reaped when the error reaches the caller
+            for process in list(getattr(executor, "_processes", {}).values()):
+                process.terminate()
+        executor.shutdown(wait=True, cancel_futures=True)
 
     def map(self, fn: Callable[[Sequence[T]], list[R]], chunks: Iterable[Sequence[T]]) -> Iterator[R]:
         """Yield ``fn(chunk)``'s results, chunk after chunk, in the order of ``chunks``."""

@@ -63,7 +63,6 @@ def test_index_conversion_under_spawn(tmp_path):
 
 def test_interrupt_while_writing_stops_the_readers_and_leaves_no_dataset(tmp_path, monkeypatch):
     import multiprocessing
-    import time
 
     from chute.format.writer import Writer
 
@@ -81,10 +80,7 @@ def test_interrupt_while_writing_stops_the_readers_and_leaves_no_dataset(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         from_index(index, tmp_path / "out", allow_pickle=True, workers=2, shard_size=1000, progress=False)
     assert no_dataset_at(tmp_path / "out")
-    deadline = time.monotonic() + 10
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the readers finish the chunk in hand, then exit
-    assert not multiprocessing.active_children()
+    assert not multiprocessing.active_children()  # the readers ended and were reaped before the error came out
 
 
 def _children(pid: int) -> list[int]:
