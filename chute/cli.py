@@ -141,20 +141,15 @@ def _convert(args: argparse.Namespace) -> int:
         args.column_types = dict(args.column_types)
     kind_specific = {name: getattr(args, name) for name in CONVERT_OPTIONS if getattr(args, name) is not None}
     start = time.perf_counter()
+    common = {"kind": args.kind, "allow_pickle": args.allow_pickle, "shard_size": args.shard_size, "overwrite": args.overwrite}
     try:
         with _writing_to(args.dst):
-            ds = convert(
-                args.src,
-                args.dst,
-                kind=args.kind,
-                allow_pickle=args.allow_pickle,
-                workers=args.workers,
-                shard_size=args.shard_size,
-                overwrite=args.overwrite,
-                progress=not args.quiet,
-                **kind_specific,
-                **({"ray": args.ray} if args.ray else {}),
-            )
+            if args.ray:  # read and written by Ray tasks (docs/ray.md)
+                from chute.ray import convert_on_ray
+
+                ds = convert_on_ray(args.src, args.dst, address=args.ray, **common, **kind_specific)
+            else:
+                ds = convert(args.src, args.dst, workers=args.workers, progress=not args.quiet, **common, **kind_specific)
     except FixableError as exc:  # its fix as this command's flags, not as Python arguments
         raise ChuteError(exc.render("cli")) from None
     elapsed = time.perf_counter() - start

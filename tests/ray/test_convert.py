@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import chute
+from chute.ray import convert_on_ray
 from chute.sources import convert
 from tests.sources.source_data import image_bytes, no_dataset_at, write_pickle_index
 
@@ -42,7 +43,7 @@ def _assert_same(plain, on_ray) -> None:
 def _both(src, tmp_path, **options):
     readers = {"workers": 0} if options["kind"] in ("index", "images") else {}  # read in this process
     plain = convert(src, tmp_path / "plain", progress=False, **readers, **options)
-    on_ray = convert(src, tmp_path / "ray", ray="local", shard_size=2000, rows_per_part=7, **options)
+    on_ray = convert_on_ray(src, tmp_path / "ray", address="local", shard_size=2000, rows_per_part=7, **options)
     return plain, on_ray
 
 
@@ -54,7 +55,7 @@ def test_index_of_pickles(local_ray, tmp_path):
 def test_pickles_are_refused_before_any_task_runs(local_ray, tmp_path):
     index, _ = write_pickle_index(tmp_path / "src", 5)
     with pytest.raises(chute.PickleRefusedError):
-        convert(index, tmp_path / "ray", ray="local")
+        convert_on_ray(index, tmp_path / "ray", address="local")
     assert no_dataset_at(tmp_path / "ray")
 
 
@@ -105,7 +106,7 @@ def test_a_bad_file_fails_the_job_and_leaves_nothing(local_ray, tmp_path):
     index, _ = write_pickle_index(tmp_path / "src", 30)
     os.remove(tmp_path / "src" / "pickles" / "17.pkl.gz")
     with pytest.raises(Exception, match=r"index.csv row 18.*pickles/17.pkl.gz does not exist"):
-        convert(index, tmp_path / "ray", ray="local", allow_pickle=True, shard_size=500, rows_per_part=5)
+        convert_on_ray(index, tmp_path / "ray", address="local", allow_pickle=True, shard_size=500, rows_per_part=5)
     assert not os.path.exists(tmp_path / "ray"), os.listdir(tmp_path / "ray")  # nothing left: shards, lock file and the folder the writer made
 
 
@@ -117,4 +118,13 @@ def test_cli_convert_with_ray(local_ray, tmp_path, capsys):
     assert "wrote 100 rows" in capsys.readouterr().out
     ds = chute.open(tmp_path / "out")
     assert ds.get_batch(np.arange(100))["data"].tolist() == list(range(100))
+    ds.close()
+
+
+def test_sources_convert_with_ray_still_works_with_a_warning(local_ray, tmp_path):
+    """The deprecated path (CHANGELOG.md): the same dataset, a FutureWarning naming the replacement."""
+    np.save(tmp_path / "a.npy", np.arange(30, dtype=np.int32))
+    with pytest.warns(FutureWarning, match=r"ray= is deprecated .* removed in chute 0.2; use chute.ray.convert_on_ray"):
+        ds = convert(tmp_path / "a.npy", tmp_path / "out", ray="local")
+    assert ds.get_batch(np.arange(30))["data"].tolist() == list(range(30))
     ds.close()
