@@ -109,9 +109,18 @@ def _fetcher(loader: Any, run: Pass) -> Any:
     from chute.storage.fetcher import Fetcher
 
     run.dataset.release_direct_holds()  # the pass holds what it reads; nothing else while it waits for a turn
-    uses = run.order.shard_uses(run.epoch, run.world_size, run.start)
-    then = run.order.shard_uses(run.epoch + 1, run.world_size, 0)  # which shards to keep for the next epoch
+    uses = _with_reads(run.dataset, run.order.shard_uses(run.epoch, run.world_size, run.start))
+    then = _with_reads(run.dataset, run.order.shard_uses(run.epoch + 1, run.world_size, 0))  # kept for the next epoch
     return Fetcher(cache, uses, threads=cache.remote.parallel, name=f"chute-fetch-r{run.rank}", then=then)
+
+
+def _with_reads(dataset: Any, uses: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The shard uses of a view whose shards also read other shards (``dataset.reads(shard)``: the
+    windows of a token sequence view run into the next shards), each read shard held as long."""
+    reads = getattr(dataset, "reads", None)
+    if reads is None:
+        return uses
+    return [(first, last, read) for first, last, shard in uses for read in reads(shard)]
 
 
 def _progressive_epoch(loader: Any, run: Pass) -> None:

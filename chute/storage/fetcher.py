@@ -328,12 +328,19 @@ class Fetcher:
             for shard in shards:
                 k = self._use(shard, step)
                 if k is None:
-                    self._extra.setdefault(step, []).append(shard)
                     self._cond.release()
                     try:
                         self.cache.acquire(shard)
                     finally:
                         self._cond.acquire()
+                    if self._closed:  # close() ran meanwhile and released what it knew of: not this one
+                        self._cond.release()
+                        try:
+                            self.cache.release(shard)
+                        finally:
+                            self._cond.acquire()
+                        raise ChuteError("the loader's downloader was closed")
+                    self._extra.setdefault(step, []).append(shard)  # held: released when the consumer passes step
                     continue
                 # The use that covers this step, not any use of the shard: an earlier use still
                 # held now is released when the consumer passes it, maybe while this step reads.

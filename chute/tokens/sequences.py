@@ -168,6 +168,15 @@ class Sequences:
         shards = np.unique(np.concatenate(spans)) if spans else np.zeros(0, np.int64)
         return [int(s) for s in shards if self.starts[s + 1] > self.starts[s]]
 
+    def reads(self, shard: int) -> list[int]:
+        """The source shards that the sequences of ``shard`` read: itself, and for ``concat`` the
+        following shards its last windows run into (what a remote pass must download with it)."""
+        lo, hi = int(self.offsets[shard]), int(self.offsets[shard + 1])
+        if self.pack == "documents" or hi == lo:
+            return [shard]
+        last = int(np.searchsorted(self.starts, (hi - 1) * self.seq_len + self.seq_len, side="right")) - 1
+        return [s for s in range(shard, last + 1) if s == shard or self.starts[s + 1] > self.starts[s]]
+
     def shard_path(self, i: int) -> str:
         return self.source.shard_path(i)
 
