@@ -178,7 +178,8 @@ class Arena:
             if guard is not None:
                 guard.synchronize()  # the copy that last read the block is done
         else:
-            block = self._allocate(shape, dtype)
+            block = torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+            self.allocated += 1
             shelf.size += 1
         if not shelf.out:
             self._touched.append(shelf)
@@ -219,10 +220,8 @@ class Arena:
         self._shelves.move_to_end(key)
         return shelf
 
-    def _allocate(self, shape: tuple[int, ...], dtype: Any) -> Any:
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         self.allocated += 1
-        if isinstance(dtype, torch.dtype):  # a guarded block
-            return torch.empty(shape, dtype=dtype, pin_memory=self.pin)
         if self.pin:
             return torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True).numpy()
         return np.empty(shape, dtype)

@@ -23,23 +23,29 @@ class FakeEvent:
 def test_guarded_blocks_stay_within_slots_per_key_and_the_least_recently_used_keys_go():
     arena = Arena(slots=2, max_keys=2)
     a, b, c = ((4,), torch.float32), ((3,), torch.int64), ((5,), torch.uint8)
-    for _ in range(10):  # two blocks of a and one of b per batch
-        arena.borrow(*a), arena.borrow(*a), arena.borrow(*b)
-        arena.release(FakeEvent())
+    previous = FakeEvent()
+
+    def batch(*keys: tuple) -> None:
+        nonlocal previous
+        for key in keys:
+            arena.borrow(*key)
+        assert not previous.done  # borrowing for batch n + 1 never waits for the copy of batch n
+        previous = FakeEvent()
+        arena.release(previous)
+
+    for _ in range(10):
+        batch(a, a, b)
     assert arena.allocated == 2 * 2 + 2 * 1  # slots x blocks per batch, per key, then only reuse
     assert arena.nbytes == 4 * 4 * 4 + 2 * 3 * 8
     for _ in range(10):  # a batch needs three blocks of a now: its cap grows to two such batches
-        arena.borrow(*a), arena.borrow(*a), arena.borrow(*a)
-        arena.release(FakeEvent())
+        batch(a, a, a)
     assert arena.allocated == 6 + 2
     assert arena.nbytes == 6 * 4 * 4 + 2 * 3 * 8
-    arena.borrow(*c)  # a third key: b, the least recently used, is dropped at the release
-    arena.release(FakeEvent())
+    batch(c)  # a third key: b, the least recently used, is dropped at the release
     assert arena.nbytes == 6 * 4 * 4 + 5
-    arena.borrow(*b)  # b again: allocated anew
-    arena.release(FakeEvent())
+    batch(b)  # b again: allocated anew; a goes
     assert arena.allocated == 8 + 2
-    assert arena.nbytes == 3 * 8 + 5  # a went, b is back with one block
+    assert arena.nbytes == 3 * 8 + 5
     arena.clear()
     assert arena.nbytes == 0
 

@@ -45,6 +45,14 @@ class StagingRing(Arena):
         """Buffers ever allocated."""
         return self.allocated
 
+    @property
+    def max_shapes(self) -> int | None:
+        return self.max_keys
+
+    @property
+    def pin_memory(self) -> bool:
+        return self.pin
+
     def stage(self, src: torch.Tensor) -> torch.Tensor:
         """Copy ``src`` (a CPU tensor) into a staging buffer and return the buffer."""
         buf = self.borrow(tuple(src.shape), src.dtype)
