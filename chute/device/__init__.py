@@ -17,7 +17,9 @@ The pieces, from the bottom up (each usable on its own):
     Reused pinned host buffers keyed by ``(shape, dtype)``. An unpinned host
     tensor is copied into one of them, because only a copy *from pinned
     memory* is asynchronous. A buffer is rewritten only after the device copy
-    that last read it is done (it waits on that copy's event).
+    that last read it is done (it waits on that copy's event). The buffers
+    are guarded blocks of an arena (``chute._arena``), the memory manager the
+    Loader's own blocks come from too.
 ``DeviceCopier``
     Copies one batch to the device on its side stream and returns
     ``(device_batch, event)``; the event completes when the batch is on the
@@ -52,12 +54,12 @@ Buffer reuse (why no memory is rewritten or freed while a kernel reads it):
   most ``depth``.
 
 How chute's Loader plugs in: with a CUDA device, the Loader builds every
-batch in *pinned* blocks of its own pool (``chute.pipeline.buffers``), so the
+batch in *pinned* blocks of its own arena (``chute._arena``), so the
 gather writes once and the copy to the device reads that memory directly, with
 no staging copy. The device stage's thread keeps each host batch alive until
 its copy's event has completed, and only then can the block go back to the
-pool. With ``device="cpu"`` the batches pass through the same thread and queue
-without a copy, and the blocks return to the pool when the training loop drops
+arena. With ``device="cpu"`` the batches pass through the same thread and queue
+without a copy, and the blocks return to the arena when the training loop drops
 the batch.
 
 **What has run where.** The CUDA paths (side stream, events,

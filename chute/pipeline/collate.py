@@ -3,7 +3,7 @@
 What ``torch.utils.data.default_collate`` gives (tensors stacked along a new
 first dimension, numbers as a tensor, strings and other values as lists,
 dicts collated key by key), built into blocks of the Loader's
-:class:`BlockPool` instead of fresh tensors:
+:class:`Arena` instead of fresh tensors:
 
 * small samples (tensors under 64 KiB) are kept until the batch is complete and
   stacked with one ``torch.stack(..., out=block)`` per column;
@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import default_collate
 
 from chute.errors import ChuteError
-from chute.pipeline.buffers import BlockPool
+from chute._arena import Arena
 
 #: Samples whose tensors reach this size are copied into the batch as they come.
 STREAM_BYTES = 64 << 10
@@ -49,7 +49,7 @@ class Collate:
     ``origin(j)`` describes sample ``j`` for error messages (its dataset row and shard).
     """
 
-    def __init__(self, n: int, pool: BlockPool | None, origin: Any) -> None:
+    def __init__(self, n: int, pool: Arena | None, origin: Any) -> None:
         self.n, self.pool, self.origin = n, pool, origin
         self.samples: list[Any] = []
         self.count = 0

@@ -1,6 +1,6 @@
 """The gather stage: the rows of one batch, read from the mapped shards into the batch's own memory.
 
-Fixed-size columns land in blocks from the Loader's :class:`BlockPool` (one
+Fixed-size columns land in blocks from the Loader's :class:`Arena` (one
 native call for all of them, GIL released), variable-size columns come back
 decoded for the whole batch (``chute.format.columns``). The result is the
 batch as the training loop sees it without a transform: a dict of column name
@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 
 from chute.format.reader import Dataset
-from chute.pipeline.buffers import BlockPool
+from chute._arena import Arena
 
 
 class Gather:
     """Reads batches of ``dataset`` into blocks of ``pool``."""
 
-    def __init__(self, dataset: Dataset, pool: BlockPool, columnar: bool = False) -> None:
+    def __init__(self, dataset: Dataset, pool: Arena, columnar: bool = False) -> None:
         self.dataset, self.pool, self.columnar = dataset, pool, columnar
         fixed = dataset.fixed_columns
         self.fixed_names = [name for name, _, _, _ in fixed]

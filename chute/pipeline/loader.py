@@ -32,7 +32,7 @@ from chute.pipeline.spec import LoaderSpec
 import chute.observe.passes  # noqa: E402,F401
 import chute.observe.watchdog  # noqa: E402,F401
 import chute.pipeline.build  # noqa: E402,F401
-import chute.pipeline.buffers  # noqa: E402,F401
+import chute._arena  # noqa: E402,F401
 import chute.pipeline.threads  # noqa: E402,F401
 import chute.storage.open  # noqa: E402,F401
 
@@ -121,9 +121,9 @@ class Loader:
             pin = resolved is not None and resolved.type == "cuda"
         else:
             pin = False
-        from chute.pipeline.buffers import BlockPool
+        from chute._arena import Arena
 
-        self._pool = BlockPool(pin=pin)
+        self._pool = Arena(pin=pin)
         self.epoch = 0
         self._start = 0  # position in the global order where the next pass starts
         self._pass: Any = None  # the last pass started; its state (chute.pipeline.lifecycle) says what it holds

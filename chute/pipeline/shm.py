@@ -7,7 +7,8 @@ fixed-size columns times the batch size; a new size has 25% headroom, and
 every slot grows to it on its next use, so this happens a few times per run,
 never per batch). The main process owns every segment: it creates, sizes and
 unlinks them; workers only attach. A slot is handed to one task at a time and
-is free again once the main process has copied the batch out.
+is free again once the main process has copied the batch out. (Why this ring
+is not part of the arena the other host memory comes from: ``chute._arena``.)
 """
 
 from __future__ import annotations

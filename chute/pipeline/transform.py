@@ -40,7 +40,7 @@ import torch
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
 from chute.format.schema import Scalar
-from chute.pipeline.buffers import BlockPool
+from chute._arena import Arena
 from chute.pipeline.collate import Collate
 from chute.pipeline.randomness import scope, uniform
 
@@ -97,7 +97,7 @@ class BatchContext:
     __slots__ = ("indices", "epoch", "seed", "pool", "on_error", "skipped", "_describe")
 
     def __init__(
-        self, indices: np.ndarray, epoch: int, seed: int, pool: BlockPool | None,
+        self, indices: np.ndarray, epoch: int, seed: int, pool: Arena | None,
         on_error: str = "raise", describe: Callable[[int], str] | None = None,
     ) -> None:
         self.indices, self.epoch, self.seed, self.pool = indices, epoch, seed, pool
@@ -133,7 +133,7 @@ class BatchContext:
 class Transform:
     """Applies :class:`Functions` to gathered batches of ``dataset``."""
 
-    def __init__(self, fns: Functions, dataset: Dataset, pool: BlockPool | None, seed: int = 0) -> None:
+    def __init__(self, fns: Functions, dataset: Dataset, pool: Arena | None, seed: int = 0) -> None:
         self.fns, self.dataset, self.pool, self.seed = fns, dataset, pool, seed
         self.scalars = {name for name, ctype in dataset.schema if isinstance(ctype, Scalar)}
 

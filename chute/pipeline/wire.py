@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from chute.errors import ChuteError
-from chute.pipeline.buffers import BlockPool
+from chute._arena import Arena
 from chute.pipeline.shm import Segment, align
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -98,7 +98,7 @@ def encode(value: Any, segment: Segment | None) -> tuple[bytes, list | None, byt
 
 
 def decode(
-    payload: bytes, layout: list | None, inline: bytes | None, segment: Segment | None, buffers: BlockPool | None = None
+    payload: bytes, layout: list | None, inline: bytes | None, segment: Segment | None, buffers: Arena | None = None
 ) -> Any:
     """The value :func:`encode` encoded, its tensors copied out of the segment.
 
@@ -112,7 +112,7 @@ def decode(
     return TensorUnpickler(io.BytesIO(payload), tensors).load()
 
 
-def copy_out(view: torch.Tensor, pool: BlockPool | None) -> torch.Tensor:
+def copy_out(view: torch.Tensor, pool: Arena | None) -> torch.Tensor:
     if pool is None or view.dtype == torch.bfloat16:
         return view.clone()
     array, out = pool.take(tuple(view.shape), view.numpy().dtype)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from chute.errors import ChuteError
-from chute.pipeline.buffers import BlockPool
+from chute._arena import Arena
 from chute.pipeline.gather import Gather
 from chute.pipeline.indices import BatchIndices
 from chute.pipeline.shm import Segment
@@ -68,7 +68,7 @@ class Builder:
 
     def __init__(self, dataset: Any, order: Any, fns: Any, rank: int, world_size: int, columnar: bool = False) -> None:
         self.dataset, self.order, self.fns, self.rank, self.world_size = dataset, order, fns, rank, world_size
-        self.pool = BlockPool()  # batches are copied into the ring and dropped: their blocks are reused
+        self.pool = Arena()  # batches are copied into the ring and dropped: their blocks are reused
         self.gather = Gather(dataset, self.pool, columnar)
         self.transform = None if fns.identity else Transform(fns, dataset, self.pool, order.seed)
         self._indices: collections.OrderedDict[tuple[int, int], BatchIndices] = collections.OrderedDict()

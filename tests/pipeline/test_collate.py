@@ -8,12 +8,12 @@ import torch
 from torch.utils.data import default_collate
 
 import chute
-from chute.pipeline.buffers import BlockPool
+from chute._arena import Arena
 from chute.pipeline.collate import STREAM_BYTES, Collate, CollateError
 
 
 def _collate(samples, pool=None, n=None):
-    sink = Collate(len(samples) if n is None else n, pool or BlockPool(), lambda j: f"sample {j}")
+    sink = Collate(len(samples) if n is None else n, pool or Arena(), lambda j: f"sample {j}")
     for s in samples:
         sink.add(s)
     return sink.result()
@@ -97,7 +97,7 @@ def test_large_and_small_samples_match_default_collate(size):
 
 
 def test_buffers_are_reused_only_once_nobody_holds_the_batch():
-    pool = BlockPool()
+    pool = Arena()
     first = _collate(_dicts(4), pool)
     second = _collate(_dicts(4), pool)
     assert first["image"].data_ptr() != second["image"].data_ptr()  # the first is still held
