@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from chute.errors import RemoteError
 from chute.observe import inflight
-from chute.storage import stream
+from chute.storage import s3, stream
 from chute.storage.stream import Floor, RangeIgnored, SlowTransfer
 
 log = logging.getLogger("chute")
@@ -227,6 +227,8 @@ class Remote:
         self.parallel = max(1, int(parallel))  # concurrent downloads (and ranges of one download)
         self._fs = None
         self._fs_pid = 0
+        self._s3: Any = None  # botocore's client for GETs (chute/storage/s3.py), False where it does not apply
+        self._s3_pid = 0
         self._path = ""
         self._lock = threading.Lock()
         self._rng = random.Random()
@@ -422,11 +424,30 @@ class Remote:
                        "{'client_kwargs': {'timeout': aiohttp.ClientTimeout(sock_read=SECONDS)}}")
         return advice
 
+    @property
+    def s3_client(self) -> Any:
+        """botocore's S3 client for this dataset's GETs (chute/storage/s3.py), or None: the fsspec path.
+        Made once per process (a client's connections are not fork-safe)."""
+        if self.protocol not in ("s3", "s3a"):
+            return None
+        if self._s3 is None or self._s3_pid != os.getpid():
+            with self._lock:
+                if self._s3 is None or self._s3_pid != os.getpid():
+                    self._s3 = s3.client_for(self.storage_options, self.parallel, self.retry.floor) or False
+                    self._s3_pid = os.getpid()
+        return self._s3 or None
+
     def _get(self, path: str, url: str, start: int | None, length: int | None,
              sink: Callable[[int, list[bytes]], None]) -> int:
-        """One streamed GET (see chute/storage/stream.py) into ``sink``; the bytes received."""
+        """One streamed GET (chute/storage/s3.py for S3, else chute/storage/stream.py) into ``sink``;
+        the bytes received."""
         with self._lock:
             self.requests += 1
+        client = self.s3_client
+        if client is not None:
+            bucket, key, version = self.fs.split_path(path)
+            return s3.get(client, bucket, key, version, s3.get_kwargs(self.storage_options), start, length, sink,
+                          floor=self.retry.floor, url=url, cancelled=self.cancelled, on_cancel=self._on_cancel)
         return stream.get(self.fs, path, start, length, sink, floor=self.retry.floor, url=url,
                           cancelled=self.cancelled, on_cancel=self._on_cancel)
 

@@ -84,6 +84,44 @@ def test_s3_epoch_makes_one_get_per_shard_and_no_head(on_s3, s3_proxy, tmp_path)
     assert s3_proxy.count("shard-", method="HEAD") == 0
 
 
+@pytest.mark.parametrize("client", ["botocore", "fsspec"])
+def test_s3_gets_run_on_chute_threads_with_either_client(on_s3, s3_proxy, tmp_path, monkeypatch, client):
+    """By default S3 GETs use botocore's synchronous client in chute's threads (chute/storage/s3.py);
+    CHUTE_S3_CLIENT=fsspec keeps s3fs's event loop. The same bytes, one GET per shard, either way."""
+    from chute.storage import s3
+
+    monkeypatch.setenv("CHUTE_S3_CLIENT", client)
+    url, options = on_s3
+    ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=options)
+    assert (ds.cache.remote.s3_client is not None) == (client == "botocore")
+    names: list[str] = []
+    real = s3.get if client == "botocore" else stream.get
+
+    def spy(*args, **kwargs):
+        names.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(s3 if client == "botocore" else stream, "get", spy)
+    epoch_columns(loader(ds))
+    assert set(shard_gets(s3_proxy).values()) == {1}
+    assert len(names) == len(ds.shards) and all(n.startswith("chute-") for n in names), names
+
+
+def test_s3_options_botocore_cannot_take_keep_the_fsspec_client():
+    from chute.storage import s3
+    from chute.storage.stream import Floor
+
+    assert s3.client_for({"session": object()}, 8, Floor()) is None
+    assert s3.client_for({"asynchronous": True}, 8, Floor()) is None
+    client = s3.client_for({"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9", "client_kwargs": {"region_name": "eu-west-1"},
+                            "config_kwargs": {"connect_timeout": 3}, "anon": False}, 4, Floor(rate=1, window=7))
+    assert client.meta.endpoint_url == "http://127.0.0.1:9" and client.meta.region_name == "eu-west-1"
+    assert client.meta.config.read_timeout == 7 and client.meta.config.connect_timeout == 3
+    assert client.meta.config.max_pool_connections == 4 * 5
+    assert s3.get_kwargs({"requester_pays": True, "s3_additional_kwargs": {"SSECustomerAlgorithm": "AES256"}}) == {
+        "SSECustomerAlgorithm": "AES256", "RequestPayer": "requester"}
+
+
 def test_batch_zero_shards_are_requested_before_any_read_ahead(http_server, served, tmp_path):
     ds = chute.open(served, cache_dir=tmp_path / "cache")
     ld = loader(ds, shuffle=chute.Shuffle(window=2))
@@ -139,6 +177,41 @@ def test_close_mid_epoch_leaves_no_chute_thread_s3_ranges(on_s3, tmp_path):
     ds.close()
     assert chute_threads() == []
     assert part_files(str(tmp_path / "cache")) == []
+
+
+def test_cancelling_a_trickling_s3_download_ends_it_at_once(on_s3, s3_proxy, tmp_path):
+    """A body arriving a byte at a time, no floor: cancelling the thread's requests ends the read
+    (its socket is shut under it) and nothing is retried."""
+    from chute.storage.remote import Cancelled
+
+    url, options = on_s3
+    ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=options, min_speed=0)
+    remote, shard = ds.cache.remote, ds.shards[0]
+    s3_proxy.trickle(shard.file, interval=5)  # a read blocks for seconds: shutting the socket ends it
+    dest = tmp_path / "part"
+    dest.write_bytes(b"")
+    cancel, errors = threading.Event(), []
+
+    def download() -> None:
+        try:
+            with remote.cancelled_by(cancel):
+                remote.download(shard.file, str(dest), shard.bytes)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    thread = threading.Thread(target=download, name="chute-test-download")
+    thread.start()
+    for _ in range(600):  # the proxy logs the request once the body starts to flow
+        if s3_proxy.count(shard.file) or not thread.is_alive():
+            break
+        threading.Event().wait(0.05)
+    assert thread.is_alive() and s3_proxy.count(shard.file) == 1
+    remote.cancel(cancel)
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the cancelled download did not end"
+    assert len(errors) == 1 and isinstance(errors[0], Cancelled), errors
+    assert s3_proxy.count(shard.file) == 1  # not retried
+    ds.close()
 
 
 # ---------------------------------------------------------------------------
