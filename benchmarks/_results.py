@@ -16,6 +16,12 @@ A table is a dict::
 A cell whose value is missing or ``None`` prints as empty; a string prints as
 it is; a number with the column's format (``","`` thousands, ``".2f"`` ...).
 Raw numbers stay in the JSON: rounding happens only when the table is drawn.
+A row may hold more keys than the columns show (each run's figures, the
+settings): they stay in the JSON for whoever wants them.
+
+Some scripts once wrote their own files, a flat JSON list of rows. Their
+``--from-json PATH`` option redraws such a file's rows as tables (no new
+measurement), stamped by :func:`earlier_run` with where they came from.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import subprocess
 import sys
 from typing import Any
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+#: where the JSON goes; CHUTE_BENCH_RESULTS moves it (a trial run that must not touch the committed figures)
+RESULTS = os.environ.get("CHUTE_BENCH_RESULTS") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def machine() -> dict[str, Any]:
@@ -61,11 +68,15 @@ def commit() -> str:
     return sha + ("+dirty" if dirty else "")
 
 
-def save(name: str, tables: dict[str, dict], command: str | None = None, notes: str = "", merge: bool = True) -> str:
+def save(name: str, tables: dict[str, dict], command: str | None = None, notes: str = "", merge: bool = True,
+         run: dict[str, Any] | None = None) -> str:
     """Write (or update, with ``merge``) ``benchmarks/results/<name>.json``; returns its path.
 
     With ``merge`` the tables of an earlier run that this run did not measure
-    (``--only w2`` after a full run) are kept, each with its own date and commit.
+    (``--only w2`` after a full run) are kept, each with its own date and commit
+    (a file in the old list form has no tables to keep). ``run`` replaces parts
+    of the stamp (date, commit, command, machine) each table gets: for figures
+    measured earlier (:func:`earlier_run`).
     """
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, f"{name}.json")
@@ -73,11 +84,14 @@ def save(name: str, tables: dict[str, dict], command: str | None = None, notes: 
     if merge and os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
+        if not isinstance(old, dict):  # the old list of rows: nothing to merge
+            old = {}
     stamp = {
         "date": datetime.date.today().isoformat(),
         "commit": commit(),
         "command": command or "python " + " ".join(["benchmarks/" + os.path.basename(sys.argv[0]), *sys.argv[1:]]),
         "machine": machine(),
+        **(run or {}),
     }
     merged = dict(old.get("tables", {}))
     for key, table in tables.items():
@@ -89,6 +103,45 @@ def save(name: str, tables: dict[str, dict], command: str | None = None, notes: 
     os.replace(path + ".tmp", path)
     print(f"\nwrote {os.path.relpath(path)} (regenerate the docs: python benchmarks/tables.py)")
     return path
+
+
+def earlier_rows(path: str) -> tuple[list[dict], dict[str, Any]]:
+    """The rows of a results file in the old list form, and the run stamp for :func:`save`'s ``run``.
+
+    The stamp says where the figures came from: the git commit and date that
+    last changed the file (or "uncommitted" and today when it has changes), the
+    command that converted them, and the CPU count and median load average the
+    rows recorded. Raises SystemExit when the file is not a list of rows.
+    """
+    with open(path) as f:
+        rows = json.load(f)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise SystemExit(f"{path} is not a list of rows (already converted?)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rel = os.path.relpath(path, root) if os.path.abspath(path).startswith(root + os.sep) else path
+    where = os.path.dirname(os.path.abspath(path))
+    sha, date = "uncommitted", datetime.date.today().isoformat()
+    try:
+        changed = subprocess.run(["git", "-C", where, "status", "--porcelain", "--", os.path.abspath(path)],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        if not changed:
+            log = subprocess.run(["git", "-C", where, "log", "-1", "--format=%h %cs", "--", os.path.abspath(path)],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            if len(log) == 2:
+                sha, date = log
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    loads = sorted(r["load_average"] for r in rows if isinstance(r.get("load_average"), (int, float)))
+    machine_info: dict[str, Any] = {"cpus": next((r["cpus"] for r in rows if r.get("cpus")), "?")}
+    if loads:
+        machine_info["load_avg_1m_at_save"] = round(loads[len(loads) // 2], 2)
+    script = os.path.basename(sys.argv[0])
+    return rows, {
+        "date": date,
+        "commit": sha,
+        "command": f"python benchmarks/{script} (earlier run's rows, redrawn by --from-json {rel})",
+        "machine": machine_info,
+    }
 
 
 def _live_children_cpu(pid: int) -> float:

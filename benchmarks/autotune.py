@@ -20,7 +20,10 @@ Fixed settings: chute.Workers(count=T, prefetch=P) for T in --threads and P in -
     python benchmarks/autotune.py --data-dir bench-data --repeats 5
     python benchmarks/autotune.py --only w2 --threads 1,2,3,4 --prefetch 4,8,16 --repeats 5
 
-Results go to benchmarks/results/autotune.json (a row per workload and configuration).
+    python benchmarks/autotune.py --from-json PATH   # no run: an earlier run's list of rows as tables
+
+Results go to benchmarks/results/autotune.json through benchmarks/_results.py: a table per workload ("w1" ...
+"w4"), a row per configuration (docs/benchmarks.md draws them with benchmarks/tables.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+from _results import earlier_rows, save  # noqa: E402
 
 BATCH = {"w1": 64, "w2": 256, "w3": 8, "w4": 64}
 W4_ROWS = 2_000
@@ -91,13 +96,17 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(BATCH), action="append")
     parser.add_argument("--threads", default=None, help="default 1,2,3,4 (W4: 1,2,3)")
     parser.add_argument("--prefetch", default=None, help="default 4,8,16 (W4: 8)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "autotune.json"))
+    parser.add_argument("--from-json", metavar="PATH", help="no run: redraw the rows of an earlier run's list-form JSON as tables")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--configs", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     data_dir = os.path.abspath(args.data_dir)
     if args.child:
         print(json.dumps(child(args.child, args.configs.split(","), data_dir)))
+        return
+    if args.from_json:
+        rows, stamp = earlier_rows(args.from_json)
+        save("autotune", tables(rows), run=stamp, merge=False)
         return
     rows = []
     for workload in args.only or ["w1", "w2", "w3", "w4"]:
@@ -146,20 +155,29 @@ def main() -> None:
         print(f"  autotuned / best fixed of the same run, median over runs: {statistics.median(per_run):.3f}")
         for d in runs["auto"][-1]["decisions"]:
             print(f"    {d}")
-        _save(args.out, workload, [r for r in rows if r["workload"] == workload])
+        save("autotune", tables([r for r in rows if r["workload"] == workload]))  # after each workload
 
 
-def _save(path: str, workload: str, rows: list[dict]) -> None:
-    """Replace ``workload``'s rows in the results file (the other workloads' rows stay): written after each workload."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    kept = []
-    if os.path.exists(path):
-        with open(path) as f:
-            kept = [r for r in json.load(f) if r.get("workload") != workload]
-    with open(path + ".tmp", "w") as f:
-        json.dump(kept + rows, f, indent=1)
-    os.replace(path + ".tmp", path)
-    print(f"wrote {path} ({workload})", flush=True)
+def tables(rows: list[dict]) -> dict[str, dict]:
+    """``rows`` (one per workload and configuration, as main() makes them) as benchmarks/_results.py tables, one per workload."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        w = row["workload"]
+        table = out.setdefault(w, {
+            "title": f"{w.upper()}, batch {row['batch_size']}",
+            "columns": [["samples_per_s_median", "samples/s", ",.0f"], ["ratio_to_best_fixed", "/ best fixed", ".2f"],
+                        ["ratio_to_best_fixed_per_run_median", "/ best fixed of the same run (median)", ".2f"],
+                        ["reached_text", "settings reached (each run)", ""]],
+            "rows": [],
+            "notes": (f"medians of {row['repeats']} runs; each run a process that runs every configuration in turn "
+                      "(2 shuffled epochs each, the second measured); fixed settings are chute.Workers(count=threads, "
+                      "prefetch=...), autotuned is chute.Loader's default"),
+        })
+        shown = {**row, "label": row["label"].removeprefix(w.upper() + " ")}
+        if row.get("reached"):
+            shown["reached_text"] = "; ".join(row["reached"])
+        table["rows"].append(shown)
+    return out
 
 
 if __name__ == "__main__":

@@ -18,13 +18,19 @@ time that no longer shows in the step: (compute + copy - step) / copy.
 On any machine (and the only part without CUDA) it also measures what the
 thread and channel cost per batch on CPU (device="cpu": no copies), and how
 much of a slow source they hide behind a slow consumer.
+
+Results go to benchmarks/results/device_overlap.json through benchmarks/_results.py: tables "cpu-overhead",
+"cpu-overlap" and, on CUDA, "cuda" (a run without CUDA keeps an earlier run's "cuda" table); docs/benchmarks.md
+draws them with benchmarks/tables.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +38,9 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from chute.device import to_device
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import save  # noqa: E402
 
 
 def median_of(runs: int, measure: Callable[[], float]) -> float:
@@ -43,7 +52,7 @@ def median_of(runs: int, measure: Callable[[], float]) -> float:
 # --------------------------------------------------------------------------
 
 
-def cpu_overhead(n: int, runs: int) -> None:
+def cpu_overhead(n: int, runs: int) -> dict:
     batches = [{"x": torch.zeros(8), "y": torch.zeros(8, dtype=torch.int64), "id": i} for i in range(n)]
 
     def loop(iterable: Iterable) -> float:
@@ -55,6 +64,7 @@ def cpu_overhead(n: int, runs: int) -> None:
     raw = median_of(runs, lambda: loop(batches))
     print(f"CPU: thread + channel overhead ({n:,} small batches, no work per step, median of {runs})")
     print(f"  raw iterable                      {n / raw:>12,.0f} batches/s")
+    rows = [{"label": "the list of batches itself", "per_s": n / raw}]
     for device in (None, "cpu"):
         wrapped = median_of(runs, lambda: loop(to_device(batches, device, depth=2)))
         per_batch = (wrapped - raw) / n * 1e6
@@ -62,9 +72,16 @@ def cpu_overhead(n: int, runs: int) -> None:
             f"  to_device(device={device!s:<4}, depth=2)  {n / wrapped:>12,.0f} batches/s"
             f"   overhead {per_batch:5.1f} us/batch"
         )
+        rows.append({"label": f"`to_device(..., {device!r}, depth=2)`", "per_s": n / wrapped, "overhead_us": per_batch})
+    return {
+        "title": "CPU, thread and channel",
+        "columns": [["per_s", "batches/s", ",.0f"], ["overhead_us", "overhead us per batch", ".1f"]],
+        "rows": rows,
+        "notes": f"{n:,} small batches (two 8-element tensors), no work per step, median of {runs}",
+    }
 
 
-def cpu_overlap(steps: int, source_ms: float, step_ms: float, runs: int) -> None:
+def cpu_overlap(steps: int, source_ms: float, step_ms: float, runs: int) -> dict:
     """A source that waits (I/O-like) and a consumer that works, both releasing the GIL."""
 
     def source() -> Iterator[int]:
@@ -86,6 +103,13 @@ def cpu_overlap(steps: int, source_ms: float, step_ms: float, runs: int) -> None
     print(f"  step alone          {alone:6.2f} ms/step")
     print(f"  raw iterable        {raw:6.2f} ms/step")
     print(f"  to_device('cpu')    {wrapped:6.2f} ms/step   source time hidden {hidden:5.1f} %")
+    return {
+        "title": f"CPU, a {source_ms:g} ms source behind a {step_ms:g} ms step",
+        "columns": [["ms", "ms per step", ".2f"], ["hidden", "source time hidden %", ".1f"]],
+        "rows": [{"label": "the step alone", "ms": alone}, {"label": "the source in the loop", "ms": raw},
+                 {"label": "`to_device(source, 'cpu', depth=2)`", "ms": wrapped, "hidden": hidden}],
+        "notes": f"{steps} steps, both sleeping (I/O-like, the GIL released), median of {runs}",
+    }
 
 
 # --------------------------------------------------------------------------
@@ -119,7 +143,7 @@ class NaivePreDataLoader:
             yield item
 
 
-def cuda_overlap(device: torch.device, batch_mb: int, compute_ms: float, steps: int, runs: int) -> None:
+def cuda_overlap(device: torch.device, batch_mb: int, compute_ms: float, steps: int, runs: int) -> dict:
     torch.cuda.set_device(device)
     numel = batch_mb * 2**20 // 4
     host = [torch.randn(numel) for _ in range(3)]  # unpinned, as most loaders produce
@@ -179,13 +203,27 @@ def cuda_overlap(device: torch.device, batch_mb: int, compute_ms: float, steps: 
     print(f"  compute alone      {t_compute:7.2f} ms/step ({repeats} matmuls)")
     print(f"  copy alone         {t_copy:7.2f} ms pageable ({gb / t_copy * 1e3:5.1f} GB/s), "
           f"{t_copy_pinned:.2f} ms pinned ({gb / t_copy_pinned * 1e3:5.1f} GB/s)")
+    rows = [{"label": "compute alone", "ms": t_compute},
+            {"label": "copy alone, pageable", "ms": t_copy, "gb_per_s": gb / t_copy * 1e3},
+            {"label": "copy alone, pinned", "ms": t_copy_pinned, "gb_per_s": gb / t_copy_pinned * 1e3}]
+    labels = {"sync": "`batch.to(device)` in the loop", "naive": "the write-up's thread + queue (no stream sync: a speed bound)",
+              "chute": "`chute.device.to_device`"}
     for name, t_step in results.items():
         hidden = min(max((t_compute + t_copy - t_step) / t_copy, 0.0), 1.0) * 100
         print(
             f"  {name:<6} {t_step:7.2f} ms/step   copy hidden {hidden:5.1f} %   "
             f"vs sync x{results['sync'] / t_step:.2f}"
         )
+        rows.append({"label": labels[name], "ms": t_step, "hidden": hidden, "vs_sync": results["sync"] / t_step})
     print("  (naive has no stream sync: its numbers are a speed bound, its values may be wrong)")
+    return {
+        "title": f"CUDA ({torch.cuda.get_device_name(device)}), {batch_mb} MB batches",
+        "columns": [["ms", "ms per step", ".2f"], ["gb_per_s", "GB/s", ".1f"], ["hidden", "copy hidden %", ".1f"],
+                    ["vs_sync", "x sync", ".2f"]],
+        "rows": rows,
+        "notes": (f"{steps} steps of {repeats} matmuls each (about {compute_ms:g} ms), unpinned host batches; CUDA events, "
+                  f"median of {runs}"),
+    }
 
 
 def main() -> None:
@@ -197,14 +235,15 @@ def main() -> None:
     parser.add_argument("--cpu-batches", type=int, default=20_000)
     args = parser.parse_args()
 
-    cpu_overhead(args.cpu_batches, args.runs)
-    cpu_overlap(steps=100, source_ms=2.0, step_ms=2.0, runs=3)
+    tables = {"cpu-overhead": cpu_overhead(args.cpu_batches, args.runs),
+              "cpu-overlap": cpu_overlap(steps=100, source_ms=2.0, step_ms=2.0, runs=3)}
     if torch.cuda.is_available():
-        cuda_overlap(torch.device("cuda", torch.cuda.current_device()),
-                     args.batch_mb, args.compute_ms, args.steps, args.runs)
+        tables["cuda"] = cuda_overlap(torch.device("cuda", torch.cuda.current_device()),
+                                      args.batch_mb, args.compute_ms, args.steps, args.runs)
     else:
         print("CUDA: skipped (torch.cuda.is_available() is False); the copy/compute overlap "
               "part needs a CUDA GPU")
+    save("device_overlap", tables)
 
 
 if __name__ == "__main__":

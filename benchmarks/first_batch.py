@@ -23,8 +23,10 @@ Configurations:
 
     python benchmarks/first_batch.py --data-dir bench-data --repeats 7
     python benchmarks/first_batch.py --only w2 --repeats 7
+    python benchmarks/first_batch.py --from-json benchmarks/results/first_batch.json   # an old list of rows as tables
 
-Results go to benchmarks/results/first_batch.json (one row per workload and configuration).
+Results go to benchmarks/results/first_batch.json through benchmarks/_results.py: table "all", a row per
+workload and configuration (docs/benchmarks.md draws it with benchmarks/tables.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+from _results import earlier_rows, save  # noqa: E402
 
 BATCH = {"w1": 64, "w2": 256, "w3": 8}
 CONFIGS = {
@@ -141,12 +145,16 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.path.join(HERE, "..", "bench-data"))
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--only", choices=sorted(CONFIGS), action="append")
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "first_batch.json"))
+    parser.add_argument("--from-json", metavar="PATH", help="no run: redraw the rows of an earlier run's list-form JSON as tables")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "CONFIG"))
     args = parser.parse_args()
     data_dir = os.path.abspath(args.data_dir)
     if args.child:
         print(json.dumps(child(*args.child, data_dir)))
+        return
+    if args.from_json:
+        rows, stamp = earlier_rows(args.from_json)
+        save("first_batch", tables(rows), run=stamp, merge=False)
         return
     from _data import array_dataset, pickle_dataset
 
@@ -175,10 +183,28 @@ def main() -> None:
         }
         rows.append(row)
         print(f"{w:8} {LABELS[c]:64} {row['ttfb_median_s'] * 1e3:7.1f} ms ({t[0] * 1e3:.0f}-{t[-1] * 1e3:.0f}) {cpu * 1e3:6.1f} ms")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"\nwrote {args.out}")
+    save("first_batch", tables(rows))
+
+
+def tables(rows: list[dict]) -> dict[str, dict]:
+    """The figures of ``rows`` (one per workload and configuration, as main() makes them) as benchmarks/_results.py tables."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        w = row["workload"]
+        table = out.setdefault(w, {
+            "title": f"{w.upper()}, batch {row['batch_size']}",
+            "columns": [["ttfb_median_ms", "first batch ms (wall, median)", ",.0f"], ["ttfb_min_ms", "min ms", ",.0f"],
+                        ["ttfb_max_ms", "max ms", ",.0f"], ["cpu_median_ms", "CPU ms (median)", ",.0f"]],
+            "rows": [],
+            "notes": (f"medians of {row['runs']} runs, round-robin, each a fresh process with its imports done before "
+                      "the clock; wall time from creating the loader to holding batch 0, CPU time of the whole process "
+                      "(all threads) over the same span"),
+        })
+        label = row["label"].removeprefix(w.upper() + " ")
+        table["rows"].append({**row, "label": label, "ttfb_median_ms": row["ttfb_median_s"] * 1e3,
+                              "ttfb_min_ms": row["ttfb_min_s"] * 1e3, "ttfb_max_ms": row["ttfb_max_s"] * 1e3,
+                              "cpu_median_ms": row["cpu_median_s"] * 1e3})
+    return out
 
 
 if __name__ == "__main__":

@@ -34,8 +34,11 @@ first batch to the last).
     python benchmarks/images.py --data-dir bench-data --only io --repeats 5
     python benchmarks/images.py --data-dir bench-data --only imagenet --repeats 5
     python benchmarks/images.py --tolerance    # the scaled DCT decode's pixel difference from a full decode
+    python benchmarks/images.py --from-json PATH   # no run: an earlier run's images-<workload>.json rows as a table
 
-Results also go to benchmarks/results/images-<workload>.json (one row per configuration: medians and each run).
+Results also go to benchmarks/results/images.json through benchmarks/_results.py: a table per workload ("w4",
+"io", "imagenet"), a row per configuration with its medians and each run (docs/benchmarks.md draws them with
+benchmarks/tables.py).
 
 The autotuned configurations print the tuner's decisions of their last run.
 """
@@ -52,6 +55,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+from _results import earlier_rows, save  # noqa: E402
 
 BATCH = 64
 CONFIGS = {
@@ -71,6 +76,7 @@ LABELS = {
     "decodecrop-fast": "chute Loader, DecodeCrop(fast=True), autotuned",
     "decoded": "chute Loader, --decode pixels, DecodeCrop, autotuned",
     "io-auto": "chute Loader, 0.5 ms sleep per sample, autotuned",
+    **{f"io-t{n}": f"chute Loader, 0.5 ms sleep per sample, {n} threads" for n in (2, 4, 6, 8, 12)},
     "pillow-2proc": "Pillow loop, 2 processes, no draft (as users write it)",
     "pillow-draft-2proc": "Pillow loop, 2 processes, with draft()",
     "in-rrc": "chute Loader, DecodeCrop (scaled DCT decode, default), autotuned",
@@ -211,9 +217,14 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(CONFIGS), default="w4")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
     parser.add_argument("--tolerance", action="store_true", help="print the scaled decode's pixel difference (docs/images.md)")
+    parser.add_argument("--from-json", metavar="PATH", help="no run: redraw the rows of an earlier run's list-form JSON as a table")
     parser.add_argument("--run", default=None, help=argparse.SUPPRESS)  # one configuration, in a subprocess
     parser.add_argument("--build", default=None, help=argparse.SUPPRESS)  # the data, in a subprocess
     args = parser.parse_args()
+    if args.from_json:
+        rows, stamp = earlier_rows(args.from_json)
+        save("images", tables(rows), run=stamp)
+        return
     if args.tolerance:
         from _imagenet import scaled_decode_tolerance
 
@@ -258,9 +269,9 @@ def main() -> None:
 
 
 def write_results(workload: str, runs: dict[str, list[dict]], repeats: int) -> None:
-    """benchmarks/results/images-<workload>.json: a flat row per configuration (medians, ratios to the peers of the same run)."""
+    """The workload's table in benchmarks/results/images.json: a row per configuration (medians, ratios to the peers of the same run)."""
     median = {c: statistics.median(r["samples_per_s"] for r in rs) for c, rs in runs.items()}
-    refs = [c for c in ("limit-2proc", "torch-2", "pillow-2proc", "pillow-draft-2proc") if c in median]
+    refs = [c for c in REFS if c in median]
     rows = []
     for c, rs in runs.items():
         row = {
@@ -273,21 +284,56 @@ def write_results(workload: str, runs: dict[str, list[dict]], repeats: int) -> N
         if "threads" in rs[0]:
             row["settings_runs"] = [f"threads {r['threads']}, prefetch {r['prefetch']}" for r in rs]
         rows.append(row)
-    out = os.path.join(HERE, "results", f"images-{workload}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"\nwrote {out}")
+    save("images", tables(rows))
+
+
+#: the peers a configuration is divided by, where the run has them
+REFS = ("limit-2proc", "torch-2", "pillow-2proc", "pillow-draft-2proc")
+REF_HEADERS = {"limit-2proc": "Pillow loop, 2 proc. (limit)", "torch-2": "torch DataLoader(2)",
+               "pillow-2proc": "Pillow loop, 2 proc.", "pillow-draft-2proc": "Pillow draft() loop, 2 proc."}
+TITLES = {"w4": "W4 with chute.images", "io": "I/O-bound transform (0.5 ms sleep per sample)",
+          "imagenet": "ImageNet-like photos, RandomResizedCrop 224 + flip + normalize"}
+
+
+def tables(rows: list[dict]) -> dict[str, dict]:
+    """``rows`` (one per configuration, as write_results makes them) as benchmarks/_results.py tables, one per workload."""
+    out: dict[str, dict] = {}
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        mine = [r for r in rows if r["workload"] == w]
+        configs = {r["config"] for r in mine}
+        refs = [c for c in REFS if c in configs]
+        hand = [r["samples_per_s_median"] for r in mine if "-t" in r["config"]]
+        columns = [["samples_per_s_median", "samples/s", ",.0f"], ["cpu_s_per_1000_median", "CPU s / 1k samples", ".3f"]]
+        columns += [[f"ratio_to_{ref}", "/ " + REF_HEADERS[ref], ".2f"] for ref in refs]
+        if hand:
+            columns.append(["ratio_hand", "/ best hand-picked threads", ".2f"])
+        columns.append(["settings_text", "settings reached (each run)", ""])
+        shown = []
+        for r in mine:
+            row = {**r, "label": r["label"].removeprefix(f"{w}: ")}
+            if hand:
+                row["ratio_hand"] = r["samples_per_s_median"] / max(hand)
+            if r.get("settings_runs"):
+                row["settings_text"] = "; ".join(s.replace("threads ", "t").replace(", prefetch ", "/p") for s in r["settings_runs"])
+            shown.append(row)
+        steady = "steady state of one epoch" if w in ("w4", "imagenet") else f"epoch 2 of {IO_EPOCHS}, a 5 ms training step"
+        out[w] = {
+            "title": f"{TITLES.get(w, w)}, batch {mine[0]['batch_size']}",
+            "columns": columns,
+            "rows": shown,
+            "notes": (f"medians of {mine[0]['repeats']} runs round-robin, each in a fresh process, {steady}; settings: "
+                      "t = worker threads, p = prefetch, as the run ended"),
+        }
+    return out
 
 
 def print_table(workload: str, runs: dict[str, list[dict]], repeats: int) -> None:
     median = {c: statistics.median(r["samples_per_s"] for r in rs) for c, rs in runs.items()}
     steady = "steady state of one epoch" if workload in ("w4", "imagenet") else f"epoch 2 of {IO_EPOCHS}, a 5 ms training step"
-    title = {"w4": "W4 with chute.images", "io": "I/O-bound transform (0.5 ms sleep per sample)",
-             "imagenet": "ImageNet-like photos, RandomResizedCrop 224 + flip + normalize"}[workload]
+    title = TITLES[workload]
     print(f"\n{title}: "
           f"batch {BATCH}, medians of {repeats} runs round-robin, each in a fresh process, {steady}")
-    refs = [c for c in ("limit-2proc", "torch-2", "pillow-2proc", "pillow-draft-2proc") if c in median]
+    refs = [c for c in REFS if c in median]
     hand = {c: v for c, v in median.items() if "-t" in c}
     header = f"  {'config':52s} {'samples/s':>10s}" + "".join(f" {'/' + c:>13s}" for c in refs)
     header += f" {'/best hand':>11s}" if hand else ""

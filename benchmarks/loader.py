@@ -231,6 +231,25 @@ def print_tune(results: dict, repeats: int) -> None:
     print(f"  autotuner / best hand-picked ({best}): {rate['chute-auto'] / rate[best]:.2f}")
 
 
+def tune_table(results: dict, repeats: int, epochs: int) -> dict:
+    """The W2 autotuner against hand-picked thread counts, for benchmarks/results/loader.json (table "w2tune")."""
+    rate = {c: r["samples_per_s"] for c, r in results.items()}
+    best = max((c for c in rate if c != "chute-auto"), key=rate.__getitem__)
+    rows = [{
+        "label": "chute Loader, default (autotuned)" if c == "chute-auto" else f"chute Loader, workers={c.removeprefix('chute-t')}",
+        "config": c, "samples_per_s": r["samples_per_s"], "ratio_best": r["samples_per_s"] / rate[best],
+        "threads": r["threads"], "prefetch": r["prefetch"], "runs": r["runs"],
+    } for c, r in results.items()]
+    return {
+        "title": f"W2, batch {BATCH['w2tune']}",
+        "columns": [["samples_per_s", "samples/s", ",.0f"], ["ratio_best", "/ best hand-picked", ".2f"],
+                    ["threads", "threads (median)", ".1f"], ["prefetch", "prefetch (median)", ".1f"]],
+        "rows": rows,
+        "notes": (f"median of {repeats} runs of {epochs} shuffled epochs (the first included), each run a fresh process; "
+                  f"best hand-picked: {LABELS.get(best, best)}; threads and prefetch: what each run ended with"),
+    }
+
+
 def table(workload: str, results: dict, repeats: int, epochs: int) -> dict:
     """The workload's table for benchmarks/results/loader.json: medians, ratios to the limit and to the best torch."""
     rates = {config: r["samples_per_s"] for config, r in results.items()}
@@ -328,6 +347,7 @@ def main() -> None:
             print_w4(results, args.repeats)
         elif workload == "w2tune":
             print_tune(results, args.repeats)
+            save("loader", {"w2tune": tune_table(results, args.repeats, args.epochs)})
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:

@@ -13,6 +13,9 @@ Two levels, each a median of --repeats runs with the ratio measured in the same 
 
     python benchmarks/mix.py                     # data in ./bench-data (W2 reused from the other benchmarks)
     python benchmarks/mix.py --repeats 7 --batch 256
+
+Results go to benchmarks/results/mix.json through benchmarks/_results.py: table "w2" (docs/benchmarks.md draws
+it with benchmarks/tables.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chute  # noqa: E402
 from _data import SHAPES, array_dataset, warm  # noqa: E402
+from _results import save  # noqa: E402
 from chute.order import Order  # noqa: E402
 
 
@@ -101,6 +105,7 @@ def main() -> None:
         rows["order_s_dataset"].append(order_d)
         rows["order_s_mixture"].append(order_m)
     med = {k: statistics.median(v) for k, v in rows.items()}
+    gather = med
     print(f"  {'':40s} {'samples/s':>12s} {'order s/epoch':>14s}")
     print(f"  {'one dataset (Order)':40s} {med['dataset']:12,.0f} {med['order_s_dataset']:14.3f}")
     print(f"  {'chute.mix of the halves (MixOrder)':40s} {med['mixture']:12,.0f} {med['order_s_mixture']:14.3f}")
@@ -118,6 +123,24 @@ def main() -> None:
     print(f"  {'chute.Loader(one dataset)':40s} {med['dataset']:12,.0f}")
     print(f"  {'chute.Loader(chute.mix of the halves)':40s} {med['mixture']:12,.0f}")
     print(f"  mixture / dataset, same run: median {med['ratio']:.2f} (runs: {', '.join(f'{r:.2f}' for r in ld['ratio'])})")
+    save("mix", {"w2": {
+        "title": f"W2, batch {args.batch}",
+        "columns": [["dataset", "one dataset", ",.0f"], ["mixture", "`chute.mix` of the halves", ",.0f"],
+                    ["ratio", "mixture / dataset (median of the per-run ratios)", ".2f"], ["runs_text", "per-run ratios", ""]],
+        "rows": [
+            {"label": "order + gather, one thread (`Order.batch`/`MixOrder.batch` + `get_batch` into reused buffers), samples/s",
+             "dataset": gather["dataset"], "mixture": gather["mixture"], "ratio": gather["ratio"],
+             "runs_text": ", ".join(f"{r:.2f}" for r in rows["ratio"]), "runs": rows},
+            {"label": "the order alone, ms per epoch", "dataset": 1e3 * gather["order_s_dataset"],
+             "mixture": 1e3 * gather["order_s_mixture"]},
+            {"label": "`chute.Loader(ds, batch, shuffle=True)`, default (autotuned), epochs 2-3 of 3, samples/s",
+             "dataset": med["dataset"], "mixture": med["mixture"], "ratio": med["ratio"],
+             "runs_text": ", ".join(f"{r:.2f}" for r in ld["ratio"]), "runs": ld},
+        ],
+        "notes": (f"W2 ({len(whole):,} rows, {len(whole.shards)} shards) against `chute.mix` of its two halves "
+                  f"({len(a.shards)} + {len(b.shards)} shards, weights 1:1), shuffled; medians of {args.repeats} runs, "
+                  "ratios from the same run"),
+    }})
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ Also measured: the cost of one ``Stage.record`` (what a stage does per batch),
 and adds from 1 vs 2 threads at once (per-thread cells: no lock, no contention).
 
     python benchmarks/observe_overhead.py --data-dir bench-data --pairs 15
+
+Results go to benchmarks/results/observe_overhead.json through benchmarks/_results.py: tables "epochs" (the
+loader with counters on and off) and "direct" (the counters' own work, measured alone).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+from _results import save  # noqa: E402
 
 
 def epoch(loader) -> tuple[float, float]:
@@ -164,6 +169,39 @@ def main() -> None:
     print(f"\n  Stage.record: {m['record_ns']:.0f} ns per call; Stage.add: {m['add_ns_1_threads']:.0f} ns per call "
           f"from 1 thread, {m['add_ns_2_threads']:.0f} ns from 2 threads at once")
     print(f"  (a W2 batch takes {1e6 / (best_off / 256):.0f} us in the best epoch with counters off)")
+    quartiles = {"ratio_q1": pairs[len(pairs) // 4], "ratio_q3": pairs[3 * len(pairs) // 4]}
+    epochs = [
+        {"label": "counters off (`_counters=False`)", "best_per_s": best_off, "median_per_s": statistics.median(rate["off"]),
+         "cpu_us_best": min(cpu["off"]), "rates": rate["off"], "cpu_us": cpu["off"]},
+        {"label": "counters on (the default)", "best_per_s": best_on, "median_per_s": statistics.median(rate["on"]),
+         "cpu_us_best": min(cpu["on"]), "ratio_best": best_on / best_off, "ratio_pairs": statistics.median(pairs), **quartiles,
+         "rates": rate["on"], "cpu_us": cpu["on"]},
+    ]
+    direct = [
+        {"label": "the counters' work per batch, replayed alone with the real functions", "ns": cost,
+         "pct_batch": 100 * cost / 1000 / batch_us},
+        {"label": "`Stage.record`, one call", "ns": m["record_ns"]},
+        {"label": "`Stage.add`, one call from 1 thread", "ns": m["add_ns_1_threads"]},
+        {"label": "`Stage.add`, one call from each of 2 threads adding at once", "ns": m["add_ns_2_threads"]},
+    ]
+    save("observe_overhead", {
+        "epochs": {
+            "title": "W2, batch 256, 1 thread, prefetch 2",
+            "columns": [["best_per_s", "best epoch, samples/s", ",.0f"], ["median_per_s", "median epoch, samples/s", ",.0f"],
+                        ["cpu_us_best", "CPU us per batch, best epoch", ",.0f"], ["ratio_best", "on / off, best epochs", ".3f"],
+                        ["ratio_pairs", "on / off, median of per-pair ratios", ".3f"], ["ratio_q1", "lower quartile", ".3f"],
+                        ["ratio_q3", "upper quartile", ".3f"]],
+            "rows": epochs,
+            "notes": (f"{args.pairs} pairs of shuffled epochs in one process, which loader goes first alternating, after a "
+                      "warm-up epoch each; autotuner off in both, so only the counters differ"),
+        },
+        "direct": {
+            "title": "the counters alone",
+            "columns": [["ns", "ns", ",.0f"], ["pct_batch", "% of a W2 batch (best epoch, counters off)", ".2f"]],
+            "rows": direct,
+            "notes": "best of repeated loops in one thread (Stage.add from 2 threads: both threads adding at once, per-thread cells)",
+        },
+    })
 
 
 if __name__ == "__main__":

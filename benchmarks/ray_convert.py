@@ -14,6 +14,9 @@ builders, the shard file: write + fsync + checksum) and printed per 10,000 rows.
 
     python benchmarks/ray_convert.py                     # data in ./bench-data
     python benchmarks/ray_convert.py --repeats 5 --images 20000 --cpus 2
+
+Results go to benchmarks/results/ray_convert.json through benchmarks/_results.py: tables "jobs" (one process
+against Ray) and "task" (where a write task's time goes); docs/benchmarks.md draws them with benchmarks/tables.py.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _data import array_dataset  # noqa: E402
+from _results import save  # noqa: E402
 
 
 def image_folder(root: str, count: int) -> str:
@@ -144,12 +148,33 @@ def main() -> None:
         for label, n, t_plain, t_ray in results:
             print(f"  {label:28s} {t_plain:14.2f} {n / t_plain:10,.0f} {t_ray:8.2f} {n / t_ray:10,.0f} {t_plain / t_ray:10.2f}x")
         print("  (plain image conversion: %d reader processes + the writing process)" % args.workers)
-        print(f"  a chute.ray.write job of 1,000 W2 rows (the fixed cost of a job): {timed(ray_small, args.repeats):.2f} s")
+        small = timed(ray_small, args.repeats)
+        print(f"  a chute.ray.write job of 1,000 W2 rows (the fixed cost of a job): {small:.2f} s")
         steps = where_the_time_goes(raw)
         total = sum(steps.values())
         print("  where a write task's time goes, per 10,000 W2 rows, in-process:")
         for name, seconds in steps.items():
             print(f"    {name:40s} {seconds:7.3f} s  {seconds / total:5.0%}")
+        jobs = [{"label": f"{label} ({n:,} rows)" if label == "W2" else label, "rows": n, "plain_s": t_plain,
+                 "plain_per_s": n / t_plain, "ray_s": t_ray, "ray_per_s": n / t_ray, "ratio": t_plain / t_ray}
+                for label, n, t_plain, t_ray in results]
+        jobs.append({"label": "a `chute.ray.write` job of 1,000 W2 rows (the fixed cost of a job)", "rows": 1000, "ray_s": small})
+        save("ray_convert", {
+            "jobs": {
+                "title": "conversion",
+                "columns": [["plain_s", "one process s", ".2f"], ["plain_per_s", "rows/s", ",.0f"], ["ray_s", "Ray s", ".2f"],
+                            ["ray_per_s", "rows/s", ",.0f"], ["ratio", "Ray speed / one process", ".2f"]],
+                "rows": jobs,
+                "notes": (f"medians of {args.repeats} runs; local Ray with {args.cpus} CPUs, started once ({ray_start:.1f} s, "
+                          f"not counted); the plain image conversion uses {args.workers} reader processes and the writing process"),
+            },
+            "task": {
+                "title": "a write task, per 10,000 W2 rows",
+                "columns": [["seconds", "s", ".3f"], ["share", "% of the task", ".0f"]],
+                "rows": [{"label": name, "seconds": seconds, "share": 100 * seconds / total} for name, seconds in steps.items()],
+                "notes": "measured in one process on one block of W2 rows, the steps a chute.ray.write task runs",
+            },
+        })
     finally:
         ray.shutdown()
         shutil.rmtree(out, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Remote epochs through the node cache against the server's ceiling, and what later epochs download.
 
     python benchmarks/remote.py [--size-mb 1024] [--shards-mb 8,64] [--servers http,s3] [--runs 5]
-                                [--json benchmarks/results/remote.json]
+    python benchmarks/remote.py --from-json PATH   # no run: an earlier run's list of rows as tables
 
 A dataset of ``--size-mb`` of 1 MiB uint8 rows is written with shards of each
 ``--shards-mb`` and served by a real HTTP server and by moto's standalone S3
@@ -20,8 +20,10 @@ each server and shard size, every run measures, in the same process:
   with LRU, chute's next-use eviction (next use within the running epoch) and
   Belady's bound (the whole future known).
 
-Medians of ``--runs`` runs; rows written as JSON (a flat list, one row per
-server and shard size, each with a "label").
+Medians of ``--runs`` runs, one row per server and shard size, saved with
+benchmarks/_results.py to benchmarks/results/remote.json: tables "speed" and
+"downloads" (docs/benchmarks.md draws them with benchmarks/tables.py). A rerun of
+some servers or shard sizes keeps the earlier run's other rows (the notes say so).
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
 
 import chute  # noqa: E402
 from chute.order import Order  # noqa: E402
+from _results import RESULTS, earlier_rows, save  # noqa: E402
+
 from tests.servers import HTTPServerProcess, MotoS3Server, s3_client_env  # noqa: E402
 
 ROW = 1 << 20
@@ -243,15 +248,60 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
         proc.stop()
 
 
-def save(path: str, out: list[dict]) -> None:
-    """Write ``out``; rows of earlier runs with other labels are kept (a rerun of one server keeps the others)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            rows = [r for r in json.load(f) if r["label"] not in {o["label"] for o in out}]
-    with open(path, "w") as f:
-        json.dump(rows + out, f, indent=1)
+def tables(rows: list[dict], kept: list[dict] | None = None) -> dict[str, dict]:
+    """``rows`` (one per server and shard size, as bench() makes them) as two benchmarks/_results.py tables.
+
+    ``kept``: rows of an earlier run that this one did not measure (other
+    servers or shard sizes); they follow, and the notes name them.
+    """
+    kept = kept or []
+    out = []
+    for row in [*rows, *kept]:
+        row = dict(row)
+        row.setdefault("ratio_best", row["cold_MBps"] / max(row["ceiling_MBps"], row["chute_download_MBps"]))
+        out.append(row)
+    runs = sorted({r["runs"] for r in out})
+    common = (f"{out[0]['dataset_MB']:,} MB of 1 MiB rows, medians of {'/'.join(map(str, runs))} runs; cache limited to "
+              f"{out[0]['cache_fraction']:.0%} of the dataset")
+    if kept:
+        common += "; rows kept from an earlier run: " + ", ".join(r["label"] for r in kept)
+    # the table shows the window in the label; "name" keeps the row's own label
+    labelled = [{**r, "name": r["label"], "label": f"{r['label']} (window {r['window']:.0f})"} for r in out]
+    return {
+        "speed": {
+            "title": "server, shards",
+            "columns": [["ceiling_MBps", "ceiling MB/s", ",.0f"], ["ceiling_fsspec_MBps", "fsspec MB/s", ",.0f"],
+                        ["ceiling_boto3_MBps", "boto3 MB/s", ",.0f"], ["chute_download_MBps", "chute downloads alone MB/s", ",.0f"],
+                        ["cold_MBps", "cold epoch MB/s", ",.0f"], ["ratio", "/ ceiling", ".2f"],
+                        ["ratio_best", "/ best client (incl. chute's downloads)", ".2f"], ["ttfb_ms", "1st batch ms", ",.0f"],
+                        ["open_ms", "open ms", ",.0f"]],
+            "rows": labelled,
+            "notes": common + "; the ceiling is the fastest client measured in the same run (fsspec cat_file, boto3 get_object)",
+        },
+        "downloads": {
+            "title": "server, shards",
+            "columns": [["requests_per_shard", "GETs / shard", ".2f"], ["cold_downloaded", "cold epoch downloaded", ".2f"],
+                        ["second_downloaded", "2nd epoch downloaded", ".2f"], ["second_bound", "bound", ".2f"],
+                        ["sim_lru_second", "LRU (simulated)", ".2f"], ["sim_next_use_second", "next use in epoch (simulated)", ".2f"],
+                        ["sim_belady_second", "Belady (simulated)", ".2f"]],
+            "rows": [{k: r.get(k) for k in ("label", "requests_per_shard", "cold_downloaded", "second_downloaded", "second_bound",
+                                             "sim_lru_second", "sim_next_use_second", "sim_belady_second")} for r in labelled],
+            "notes": common + "; bytes downloaded as a fraction of the dataset; the simulations replay the same shard-use sequence",
+        },
+    }
+
+
+def _kept(out: list[dict]) -> list[dict]:
+    """The rows of benchmarks/results/remote.json that ``out`` does not measure again (a rerun of one server keeps the others)."""
+    path = os.path.join(RESULTS, "remote.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        old = json.load(f)
+    rows = old if isinstance(old, list) else old.get("tables", {}).get("speed", {}).get("rows", [])
+    labels = {o["label"] for o in out}
+    rows = [{**r, "label": r.get("name", r["label"])} for r in rows]
+    return [r for r in rows if r["label"] not in labels]
 
 
 def main() -> None:
@@ -261,8 +311,12 @@ def main() -> None:
     parser.add_argument("--shards-mb", default="8,64")
     parser.add_argument("--servers", default="http,s3")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--json", default=os.path.join(HERE, "results", "remote.json"))
+    parser.add_argument("--from-json", metavar="PATH", help="no run: redraw the rows of an earlier run's list-form JSON as tables")
     args = parser.parse_args()
+    if args.from_json:
+        rows, stamp = earlier_rows(args.from_json)
+        save("remote", tables(rows), run=stamp, merge=False)
+        return
     os.makedirs(args.data, exist_ok=True)
     out = []
     work = tempfile.mkdtemp(prefix="chute-remote-bench-")
@@ -280,8 +334,7 @@ def main() -> None:
                 print(f"  second epoch: downloaded {row['second_downloaded']:.2f}x the dataset (bound {row['second_bound']}); "
                       f"simulated LRU {row['sim_lru_second']:.2f}x, next use {row['sim_next_use_second']:.2f}x, Belady {row['sim_belady_second']:.2f}x")
                 sys.stdout.flush()
-                if args.json:
-                    save(args.json, out)  # after each row: a run cut short keeps what it measured
+                save("remote", tables(out, _kept(out)), merge=False)  # after each row: a run cut short keeps what it measured
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -13,6 +13,7 @@ which run produced it. Text outside the markers is left alone.
 
     python benchmarks/tables.py            # rewrite docs/benchmarks.md
     python benchmarks/tables.py --check    # exit 1 if the doc is not what the JSON gives
+    python benchmarks/tables.py --missing  # the tables in the JSON that no marker shows yet
 """
 
 from __future__ import annotations
@@ -55,14 +56,24 @@ def render(table: dict) -> str:
     if run:
         m = run.get("machine", {})
         versions = ", ".join(f"{k} {m[k]}" for k in ("python", "torch", "numpy", "pyarrow") if k in m)
-        text += (f"\n<sub>`{run['command']}`, {run['date']}, commit {run['commit']}; {m.get('cpus', '?')} CPUs, "
-                 f"{versions}; load average {m.get('load_avg_1m_at_save', '?')} when saved.</sub>\n")
+        text += (f"\n<sub>`{run['command']}`, {run['date']}, commit {run['commit']}; "
+                 f"{str(m['cpus']) + ' CPUs' if m.get('cpus') not in (None, '?') else 'CPUs not recorded'}"
+                 f"{', ' + versions if versions else ''}; {load_text(m)}.</sub>\n")
     return text
+
+
+def load_text(machine: dict) -> str:
+    load = machine.get("load_avg_1m_at_save")
+    return "load average not recorded" if load is None else f"load average {load} when saved"
 
 
 def load(name: str) -> dict:
     with open(os.path.join(RESULTS, f"{name}.json")) as f:
-        return json.load(f)
+        data = json.load(f)
+    if not isinstance(data, dict) or "tables" not in data:
+        raise SystemExit(f"benchmarks/results/{name}.json is a list of rows from before benchmarks/_results.py: redraw it "
+                         f"as tables with the script's --from-json benchmarks/results/{name}.json (or rerun the script)")
+    return data
 
 
 def regenerate(text: str) -> str:
@@ -81,13 +92,35 @@ def regenerate(text: str) -> str:
     return MARKER.sub(draw, text)
 
 
+def missing(text: str) -> list[str]:
+    """``name/table`` of every table in benchmarks/results/*.json that no marker in ``text`` draws."""
+    shown = {(m.group(2), m.group(3)) for m in MARKER.finditer(text)}
+    out = []
+    for file in sorted(os.listdir(RESULTS)):
+        if not file.endswith(".json"):
+            continue
+        name = file[: -len(".json")]
+        with open(os.path.join(RESULTS, file)) as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or "tables" not in data:
+            out.append(f"{name} (a list of rows: redraw it with the script's --from-json benchmarks/results/{file})")
+            continue
+        out += [f"{name}/{key}" for key in data["tables"] if (name, key) not in shown]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="do not write; exit 1 if the doc differs from the JSON")
+    parser.add_argument("--missing", action="store_true", help="list the tables in the JSON that no marker in the doc shows")
     parser.add_argument("--doc", default=DOC)
     args = parser.parse_args()
     with open(args.doc) as f:
         text = f.read()
+    if args.missing:
+        for line in missing(text):
+            print(line)
+        return 0
     new = regenerate(text)
     if args.check:
         if new != text:

@@ -26,8 +26,8 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sized
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -194,7 +194,8 @@ def _torch_loader(dataset: torch.utils.data.Dataset, workers: int, batch_size: i
                   **kwargs: Any) -> torch.utils.data.DataLoader:
     """A shuffled DataLoader fetching one sample per ``__getitem__``, or (``batch_fetch``) a list of indices per call."""
     if batch_fetch:
-        sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(dataset), batch_size, drop_last=kwargs.pop("drop_last", False))
+        sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(cast("Sized", dataset)), batch_size,
+                                                drop_last=kwargs.pop("drop_last", False))
         kwargs.pop("collate_fn", None)  # a batch-fetching Dataset returns the batch as it is
         return torch.utils.data.DataLoader(
             dataset, sampler=sampler, batch_size=None, num_workers=workers, persistent_workers=workers > 0, **kwargs
@@ -229,9 +230,10 @@ def compare_reading(index: str, ds: Any, workers: int, runs: int) -> dict[str, f
     chute_loader = chute.Loader(ds, READ_BATCH, shuffle=True)
     try:
         _check_identical(baseline, torch_loaders[_torch_name(workers, True)], chute_loader)
-        contenders: dict[str, Callable[[int], Any]] = {
-            name: (lambda _, loader=loader: _timed(lambda: read_pass(loader))) for name, loader in torch_loaders.items()
-        }
+        def timed_pass(loader: Any) -> Callable[[int], Any]:
+            return lambda _: _timed(lambda: read_pass(loader))
+
+        contenders = {name: timed_pass(loader) for name, loader in torch_loaders.items()}
         contenders["chute Loader"] = lambda _: _timed(lambda: read_pass(chute_loader))
         seconds = medians(contenders, runs)
     finally:
@@ -271,9 +273,10 @@ def compare_training(root: str, workers: int, runs: int, steps: int) -> dict[str
     torch_loaders = _torch_loaders(ArrayDataset(*paths), BatchArrayDataset(*paths), workers, TRAIN_BATCH, drop_last=True)
     chute_loader = chute.Loader(ds, TRAIN_BATCH, shuffle=True, drop_last=True)
     try:
-        contenders: dict[str, Callable[[int], Any]] = {
-            name: (lambda i, loader=loader: train_run(loader, steps if i >= 0 else 5, i)) for name, loader in torch_loaders.items()
-        }
+        def training(loader: Any) -> Callable[[int], Any]:
+            return lambda i: train_run(loader, steps if i >= 0 else 5, i)
+
+        contenders = {name: training(loader) for name, loader in torch_loaders.items()}
         contenders["chute Loader"] = lambda i: train_run(chute_loader, steps if i >= 0 else 5, i)
         results = medians(contenders, runs)
     finally:

@@ -34,7 +34,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -150,6 +151,10 @@ class Order:
     seed: int = 0
     window: int = DEFAULT_WINDOW
     drop_last: bool = False
+
+    if TYPE_CHECKING:  # per instance, set in __post_init__; ClassVar only keeps them out of the dataclass fields
+        _cache: ClassVar[dict[tuple, Any]]
+        _cache_lock: ClassVar[threading.Lock]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_rows", tuple(int(r) for r in self.shard_rows))
@@ -339,12 +344,13 @@ class Order:
         if n == 0:
             return []
         size = self.batch_size * world_size
+        groups: list[tuple[int, int, Sequence[int] | np.ndarray]]
         if self.shuffle:
             shards, starts = self._windows(epoch)
             groups = [(int(starts[w]), int(starts[w + 1]), shards[w * self.window : (w + 1) * self.window]) for w in range(len(starts) - 1)]
         else:
             groups = [(int(self.offsets[s]), int(self.offsets[s + 1]), [s]) for s in range(len(self.shard_rows))]
-        uses = []
+        uses: list[tuple[int, int, int]] = []
         for a, b, members in groups:
             if b <= max(a, consumed):
                 continue
@@ -368,7 +374,7 @@ class Order:
 
     # ------------------------------------------------------------------ resume state
 
-    def state(self, epoch: int, consumed: int) -> dict[str, int | bool]:
+    def state(self, epoch: int, consumed: int) -> dict[str, int | bool | str]:
         """What a checkpoint stores to resume at position ``consumed`` of ``epoch``."""
         return {
             "epoch": int(epoch),

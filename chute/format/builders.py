@@ -88,6 +88,8 @@ def _cast_refused(builder: ColumnBuilder, position: int, value: Any, found: str)
 class TensorBuilder(ColumnBuilder):
     """Copies each row into one growing contiguous buffer: the shard's single data buffer."""
 
+    ctype: Tensor
+
     def __init__(self, name: str, ctype: Tensor) -> None:
         super().__init__(name, ctype)
         self.storage = storage_dtype(ctype.dtype)
@@ -125,6 +127,8 @@ class TensorBuilder(ColumnBuilder):
 
 
 class ScalarBuilder(ColumnBuilder):
+    ctype: Scalar
+
     def __init__(self, name: str, ctype: Scalar) -> None:
         super().__init__(name, ctype)
         self.values: list[Any] = []
@@ -169,6 +173,8 @@ class ScalarBuilder(ColumnBuilder):
 
 
 class RaggedBuilder(ColumnBuilder):
+    ctype: Ragged
+
     def __init__(self, name: str, ctype: Ragged) -> None:
         super().__init__(name, ctype)
         self.parts: list[np.ndarray] = []
@@ -209,6 +215,8 @@ class RaggedBuilder(ColumnBuilder):
 
 
 class BytesBuilder(ColumnBuilder):
+    ctype: Bytes
+
     def __init__(self, name: str, ctype: Bytes) -> None:
         super().__init__(name, ctype)
         self.values: list[bytes] = []
@@ -225,6 +233,8 @@ class BytesBuilder(ColumnBuilder):
 
 
 class StringBuilder(ColumnBuilder):
+    ctype: String | Json
+
     def __init__(self, name: str, ctype: String | Json) -> None:
         super().__init__(name, ctype)
         self.values: list[str] = []
@@ -257,6 +267,8 @@ def encode_json(value: Any, where: str) -> str:
 
 
 class MapBuilder(ColumnBuilder):
+    ctype: Map
+
     def __init__(self, name: str, ctype: Map) -> None:
         super().__init__(name, ctype)
         self.rows: list[list[tuple[str, Any]]] = []
@@ -309,6 +321,8 @@ def _blank(ctype: ColumnType) -> Any:
 
 class NullableBuilder(ColumnBuilder):
     """A column of the inner type whose None rows become Arrow nulls (over a zeroed or empty value)."""
+
+    ctype: Nullable
 
     def __init__(self, name: str, ctype: Nullable) -> None:
         super().__init__(name, ctype)

@@ -29,7 +29,7 @@ the reader turns it into a :class:`chute.ShardError`.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -143,9 +143,12 @@ class JsonReader(BinaryReader):
 class MapReader(ColumnReader):
     """map columns: dicts built in C straight from the shards (JSON values decoded in one call)."""
 
+    ctype: Map
+
     def source(self, column: pa.Array) -> Any:
         entries = column.values  # the whole struct child: the entry offsets index into it
         keys, items = entries.field(0), entries.field(1)
+        values: Any
         if self.ctype.value in ("int64", "float64"):
             values_offsets, values = None, _values(items, np.dtype(self.ctype.value)).view(np.uint8)
         else:
@@ -168,11 +171,18 @@ class MapReader(ColumnReader):
                 kind = pa.large_binary() if value == "bytes" else pa.large_string()
                 items = pa.Array.from_buffers(kind, count, [None, pa.py_buffer(value_offsets), pa.py_buffer(value_data)])
             return pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), len(indices) + 1, [None, pa.py_buffer(entries)]), keys, items)
-        return _native.take_dicts(indices, offsets, sources, "str" if value == "string" else value)
+        return _native.take_dicts(indices, offsets, sources, _TAKE_KIND[value])
+
+
+#: a map column's value type -> what ``_native.take_dicts`` builds its values as (JSON is decoded apart)
+_TAKE_KIND: dict[str, Literal["str", "bytes", "int64", "float64"]] = {
+    "string": "str", "bytes": "bytes", "int64": "int64", "float64": "float64"}
 
 
 class RaggedReader(ColumnReader):
     """ragged columns: the batch's values gathered into one buffer, split into per-sample views."""
+
+    ctype: Ragged
 
     def __init__(self, name: str, ctype: Ragged) -> None:
         super().__init__(name, ctype)
@@ -231,16 +241,22 @@ class NullableReader(ColumnReader):
     the inner type gives one row (a tensor, str, bytes, dict).
     """
 
+    ctype: Nullable
+
     def __init__(self, name: str, ctype: Nullable) -> None:
         super().__init__(name, ctype)
         inner = ctype.value
-        self.fixed = isinstance(inner, (Tensor, Scalar))
-        self.inner = None if self.fixed else reader_for(name, inner)
-        if self.fixed:
+        #: the inner type when it is fixed-size (gathered here), else None (read by ``self.inner``)
+        self.fixed_type = inner if isinstance(inner, (Tensor, Scalar)) else None
+        self.fixed = self.fixed_type is not None
+        self.inner: ColumnReader | None = None
+        if isinstance(inner, (Tensor, Scalar)):
             self.shape = tuple(inner.shape) if isinstance(inner, Tensor) else ()
             self.row_bytes = inner.row_bytes
             self.numpy = numpy_dtype(inner.dtype)
             self.torch = torch_dtype(inner.dtype)
+        else:
+            self.inner = reader_for(name, inner)
 
     def source(self, column: pa.Array) -> Any:
         bitmap = column.buffers()[0] if not isinstance(column, pa.ExtensionArray) else column.storage.buffers()[0]
@@ -249,7 +265,11 @@ class NullableReader(ColumnReader):
         else:
             bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
             valid = bits[column.offset : column.offset + len(column)].astype(np.uint8)
-        inner = fixed_source(column, self.ctype.value) if self.fixed else self.inner.source(column)
+        if self.inner is not None:
+            inner = self.inner.source(column)
+        else:
+            assert self.fixed_type is not None  # set whenever inner is not
+            inner = fixed_source(column, self.fixed_type)
         return valid, inner
 
     def read(self, indices: np.ndarray, offsets: np.ndarray, sources: list, columnar: bool) -> Any:
@@ -262,7 +282,7 @@ class NullableReader(ColumnReader):
             columns.append((inner_sources, rows.view(np.uint8) if rows.dtype == np.bool_ else rows, self.row_bytes))
         _native.gather(indices, offsets, tuple(columns))
         present = valid.astype(bool)
-        if self.fixed:
+        if self.inner is None:
             value: Any = torch.from_numpy(rows)
             if value.dtype != self.torch:  # bfloat16, stored as uint16
                 value = value.view(self.torch)

@@ -199,7 +199,9 @@ class Node:
         """Add what ``other`` saw (the summary of later or parallel samples)."""
         self.present += other.present
         self.nones += other.nones
-        for mine, theirs in ((self.kinds, other.kinds), (self.dtypes, other.dtypes), (self.ndims, other.ndims)):
+        pairs: tuple[tuple[dict[Any, int], dict[Any, int]], ...] = (
+            (self.kinds, other.kinds), (self.dtypes, other.dtypes), (self.ndims, other.ndims))
+        for mine, theirs in pairs:
             for key, position in theirs.items():
                 mine[key] = min(position, mine.get(key, position))
         if other.shape is not None:
@@ -330,7 +332,7 @@ def column_type(name: str, node: Node, samples: int) -> ColumnType:
     return ctype
 
 
-def _plain_type(name: str, node: Node) -> ColumnType:
+def _plain_type(name: str, node: Node) -> Tensor | Ragged | Scalar | Bytes | String | Map | Json:
     kinds = set(node.kinds)
     if not kinds:
         return Json()  # only None: JSON null
@@ -394,6 +396,7 @@ def _array(name: str, node: Node) -> Tensor | Ragged:
             name, p1,
         )
     ndim = next(iter(node.ndims))
+    assert node.shape is not None  # set by the first array seen, and this node has seen arrays
     if len(node.dtypes) > 1:
         promoted = _promote(node.dtypes)
         ordered = sorted(node.dtypes.items(), key=lambda kv: kv[1])

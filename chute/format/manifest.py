@@ -104,7 +104,7 @@ def checksum_file(path: str | os.PathLike, algorithm: str = "xxh3_128", chunk: i
     if algorithm == "xxh3_128":
         import xxhash
 
-        hasher = xxhash.xxh3_128()
+        hasher: Any = xxhash.xxh3_128()
     elif algorithm == "blake2b":
         import hashlib
 

@@ -389,6 +389,7 @@ class Dataset:
         read (``ds[i]``, ``get_batch`` outside a loader) is held by the source for
         as long as it decides (chute/storage/direct.py).
         """
+        assert self.cache is not None  # a remote dataset's
         with self.cache.hold_for_read(i) as path, self._lock:
             shard = self._shards[i]
             if shard is None:
@@ -397,6 +398,7 @@ class Dataset:
 
     def _read_held(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
         """:meth:`BatchReader.read` for a remote dataset: the shards the batch maps stay held until it is read."""
+        assert self.cache is not None  # a remote dataset's
         with self.cache.reading():
             return self._batches.read(indices, outs, columnar)
 

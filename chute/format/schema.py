@@ -385,7 +385,7 @@ def array_dtype(value: Any, array: np.ndarray) -> str | None:
     return _value_dtype(array.dtype)
 
 
-def _map_value_kind(values: list[Any]) -> str | None:
+def _map_value_kind(values: list[Any]) -> str:
     if all(isinstance(v, str) for v in values):
         return "string"
     if all(isinstance(v, (bytes, bytearray, memoryview)) for v in values):
@@ -471,8 +471,8 @@ def infer_column(name: str, values: Sequence[Any], first_position: int = 0) -> C
                 dtypes.add("int64")
             elif isinstance(v, float):
                 dtypes.add("float64")
-            elif isinstance(v, np.generic) and _value_dtype(v.dtype):
-                dtypes.add(_value_dtype(v.dtype))
+            elif isinstance(v, np.generic) and (found := _value_dtype(v.dtype)):
+                dtypes.add(found)
             else:
                 raise fail(i, v, "a number")
         if len(dtypes) == 1:

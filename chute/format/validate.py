@@ -44,7 +44,7 @@ def checksum_buffer(buffer: Any, algorithm: str) -> str:
     if algorithm == "xxh3_128":
         import xxhash
 
-        hasher = xxhash.xxh3_128()
+        hasher: Any = xxhash.xxh3_128()
     else:
         import hashlib
 
@@ -63,7 +63,7 @@ def checksum_fd(fd: int, algorithm: str, chunk: int = 8 << 20) -> str:
     if algorithm == "xxh3_128":
         import xxhash
 
-        hasher = xxhash.xxh3_128()
+        hasher: Any = xxhash.xxh3_128()
     else:
         import hashlib
 
@@ -204,7 +204,7 @@ class ShardChecks:
         return {"verify": self.verify}  # another process checks again
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["verify"])
+        type(self).__init__(self, state["verify"])
 
     def bytes(self, mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: str) -> None:
         """Check a newly mapped shard's size and checksum (unless verification is off, or done)."""

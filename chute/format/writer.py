@@ -239,6 +239,7 @@ class Writer:
 
     def _begin(self, overwrite: bool) -> Manifest | None:
         if self.staging is not None:
+            assert self.upload is not None  # a staged write has an upload
             previous = self.upload.previous()
             if previous is not None and not overwrite:
                 shutil.rmtree(self.staging, ignore_errors=True)
@@ -371,6 +372,7 @@ class Writer:
             self._add(sample)
 
     def _add(self, sample: Mapping[str, Any]) -> None:
+        assert self.part is not None  # _set_schema made it
         self.part.append(sample, self.position)
         self.position += 1
 
@@ -388,6 +390,7 @@ class Writer:
                         "pass schema= to write an empty dataset"
                     )
                 self._flush_pending()
+            assert self.part is not None and self.schema is not None  # _set_schema set both
             self.part.flush()
             manifest = Manifest(
                 schema=self.schema,
@@ -401,6 +404,7 @@ class Writer:
             self.abort()
             raise
         if self.staging is not None:
+            assert self.upload is not None  # a staged write has an upload
             try:
                 self.upload.commit(text, self._previous, manifest.shards)
             except BaseException:

@@ -85,7 +85,7 @@ class Decoder:
         return {"fast": self.fast}  # buffers stay with their threads
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         buffer = getattr(self._local, "buffer", None)

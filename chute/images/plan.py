@@ -41,7 +41,7 @@ class Plan:
         box[:, 2], box[:, 3] = sizes[:, 1], sizes[:, 0]
         return cls(box, sizes.copy(), np.zeros(n, dtype=bool))
 
-    def crop(self, top: np.ndarray, left: np.ndarray, height: np.ndarray, width: np.ndarray) -> Plan:
+    def crop(self, top: np.ndarray, left: np.ndarray, height: np.ndarray | int, width: np.ndarray | int) -> Plan:
         """The window ``[top, top + height) x [left, left + width)`` of the current output (its pixel coordinates)."""
         scale_y = (self.box[:, 3] - self.box[:, 1]) / self.out[:, 0]
         scale_x = (self.box[:, 2] - self.box[:, 0]) / self.out[:, 1]

@@ -67,7 +67,7 @@ class Renderer:
         return {"normalize": self.normalize}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["normalize"])
+        type(self).__init__(self, state["normalize"])
 
     def render(self, pixels: np.ndarray, box: np.ndarray, out: tuple[int, int], flip: bool, integral: bool, dst: np.ndarray, chw: bool = False) -> None:
         """Write ``pixels`` (``uint8[h, w, 3]``, or ``[3, h, w]`` with ``chw``) cropped to ``box``, at ``out``, into ``dst`` (``[3, *out]``)."""

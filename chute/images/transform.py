@@ -23,7 +23,7 @@ skips step 1's header and step 4's decode.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -148,7 +148,7 @@ class Decode:
         return batch
 
 
-def _images(column: Any) -> tuple[Sequence[Any], bool]:
+def _images(column: Any) -> tuple[Sequence[Any] | np.ndarray, bool]:
     """``(images, stored)``: the encoded images of a column (bytes, or zero-copy views of an Arrow array), or stored pixels."""
     if isinstance(column, torch.Tensor):
         if column.dim() != 4 or column.shape[1] != 3 or column.dtype != torch.uint8:
@@ -178,7 +178,7 @@ def _without(batch: dict[str, Any], drop: list[int], n: int) -> dict[str, Any] |
         return None
     keep = np.setdiff1d(np.arange(n), drop)
     index = torch.from_numpy(keep)
-    out = {}
+    out: dict[str, Any] = {}
     for name, value in batch.items():
         if isinstance(value, torch.Tensor):
             out[name] = value.index_select(0, index)
@@ -218,7 +218,9 @@ def DecodeCrop(  # noqa: N802 (a constructor in the shape users call it)
     if resize is not None:
         ops.append(Resize(resize))
     if scale is not None:
-        ops.append(RandomResizedCrop(size, scale=tuple(scale), ratio=tuple(ratio)))
+        # tuple(): a (lo, hi) pair, or the error RandomResizedCrop gives anything else
+        ops.append(RandomResizedCrop(size, scale=cast("tuple[float, float]", tuple(scale)),
+                                     ratio=cast("tuple[float, float]", tuple(ratio))))
     elif random:
         ops.append(RandomCrop(size))
     else:

@@ -101,11 +101,11 @@ class Mixture:
 
     @property
     def fixed_columns(self) -> list[tuple[str, tuple[int, ...], np.dtype, torch.dtype]]:
-        return self._datasets[0].fixed_columns if self._views else self._batches.fixed_columns
+        return self._datasets[0].fixed_columns if self._batches is None else self._batches.fixed_columns
 
     @property
     def variable_columns(self) -> list[str]:
-        return self._datasets[0].variable_columns if self._views else self._batches.variable_columns
+        return self._datasets[0].variable_columns if self._batches is None else self._batches.variable_columns
 
     def _read_views(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
         """Rows ``indices`` of a mixture of views (``chute.tokens.sequences``): each source reads its rows
@@ -136,6 +136,7 @@ class Mixture:
         k = int(np.searchsorted(self._shard_base, i, side="right")) - 1
         ds, j = self._datasets[k], i - int(self._shard_base[k])
         ds.shard(j)
+        assert self._batches is not None  # only datasets' shards are mapped here
         self._batches.publish(i, {name: ds._batches.sources[name][j] for name in self.schema.names})
 
     def source_of(self, index: int) -> tuple[int, int]:
@@ -257,7 +258,7 @@ def mix(
     """
     from chute.storage.open import open_dataset
 
-    opened = {
+    opened: dict[str, Any] = {  # datasets, or views that read like one (chute.tokens.sequences)
         str(name): ds if isinstance(ds, Dataset) or hasattr(ds, "read") else open_dataset(ds, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
         for name, ds in datasets.items()
     }

@@ -46,6 +46,7 @@ import math
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -231,6 +232,7 @@ class MixOrder:
     @property
     def num_rows(self) -> int:
         """Rows in one epoch of the mixture."""
+        assert self.epoch_rows is not None  # set in __post_init__
         return int(self.epoch_rows)
 
     @functools.cached_property
@@ -249,10 +251,16 @@ class MixOrder:
             h.update(name.encode("utf-8") + b"\0" + np.asarray(rows, dtype=np.int64).tobytes())
         return h.hexdigest()
 
-    # the same cut of an epoch into steps as one dataset's order
-    num_batches = Order.num_batches
-    consumed_after = Order.consumed_after
-    full_steps = Order.full_steps
+    # the same cut of an epoch into steps as one dataset's order (Order's functions, which read
+    # num_rows, batch_size and drop_last; declared for the type checker with this class as self)
+    if TYPE_CHECKING:
+        def num_batches(self, world_size: int = 1, consumed: int = 0) -> int: ...
+        def consumed_after(self, batches: int, world_size: int = 1, consumed: int = 0) -> int: ...
+        def full_steps(self, world_size: int = 1, consumed: int = 0) -> int: ...
+    else:
+        num_batches = Order.num_batches
+        consumed_after = Order.consumed_after
+        full_steps = Order.full_steps
 
     def steps(self, epoch: int, first: int, count: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> np.ndarray:
         """Rows of full steps ``[first, first + count)`` for ``rank``: a ``[count, batch_size]`` array (the Loader's form)."""
@@ -291,12 +299,14 @@ class MixOrder:
         counters = list(self.counters(epoch, start, size))
         bounds, positions = [tuple(counters)], [start]
         position = start
-        plan, replan = None, start  # the plan changes only where the weights do
+        plan: _Plan | None = None
+        replan = start  # the plan changes only where the weights do
         changes = sorted(c.position for c in self.changes if c.epoch == epoch and c.position > start)
         while position < self.num_rows:
             if position >= replan:
                 plan = self._plan(epoch, position)
                 replan = next((p for p in changes if p > position), self.num_rows)
+            assert plan is not None  # made at the first step (position == replan)
             rows = min(size, self.num_rows - position)
             if position + rows >= self.num_rows:  # the last step lands exactly on every quota
                 counts = [f + q - c for f, q, c in zip(plan.first, plan.quota, counters)]
@@ -432,7 +442,7 @@ class MixOrder:
     def _stream_uses(self, k: int, order: Order, starts: np.ndarray, low: int, high: int, step0: int) -> list[tuple[int, int, int]]:
         """Uses of source ``k``'s shards by steps whose stream positions are ``[starts[s], starts[s + 1])``."""
         size = self.sizes[k]
-        uses = []
+        uses: list[tuple[int, int, int]] = []
         for p in range(low // size, -(-high // size)):
             for a, b, members in self._groups(order, p):
                 lo, hi = max(p * size + a, low), min(p * size + b, high)
@@ -445,7 +455,7 @@ class MixOrder:
         return uses
 
     @staticmethod
-    def _groups(order: Order, p: int) -> list[tuple[int, int, Sequence[int]]]:
+    def _groups(order: Order, p: int) -> list[tuple[int, int, Sequence[int] | np.ndarray]]:
         """A source pass's windows (or shards): ``(first position, end position, shards)``."""
         if order.shuffle:
             shards, starts = order._windows(p)

@@ -61,7 +61,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from chute.observe.counters import Counters
+    from chute.observe.counters import Counters, Snapshot
 
 #: The loop is data-bound when it waits at least this share of its time.
 WAIT = 0.05
@@ -431,7 +431,7 @@ class Autotuner:
         self.window_batches = window_batches
         self.decisions: collections.deque[Decision] = collections.deque(maxlen=history)
         self.next_ns = 0
-        self._last = None
+        self._last: Snapshot | None = None
         self._cpu: tuple[float, float, int] = (0.0, 0.0, 0)
         self.on_change: Callable[[int, int], None] | None = None  # called with (threads, depth) after a change
 

@@ -83,7 +83,7 @@ class LoaderMeter(Hook):
         self._zero = counters.snapshot()
         self._start: Snapshot | None = None
         self._end: Snapshot | None = None
-        self._cpu = (0.0, None)
+        self._cpu: tuple[float, float | None] = (0.0, None)
         self._skipped_mark = 0
         self._cache_start: dict[str, Any] | None = None
         self.pass_began = 0  # perf_counter_ns at the start of the pass

@@ -150,11 +150,12 @@ class Report:
             )
         if self.source != "chute.observe":
             lines.append(f"  skipped samples: {self.skipped}")
-        s = self.settings
-        if s.get("num_threads") is not None:
-            tuned = s.get("tuned", ["threads", "prefetch"] if s.get("autotune") else [])
+        settings = self.settings
+        if settings.get("num_threads") is not None:
+            tuned = settings.get("tuned", ["threads", "prefetch"] if settings.get("autotune") else [])
             how = "set by hand" if not tuned else "autotuned" if len(tuned) == 2 else f"{tuned[0]} autotuned"
-            lines.append(f"  settings: {s.get('workers', 'threads')} {s['num_threads']}, prefetch {s.get('prefetch')} ({how})")
+            lines.append(f"  settings: {settings.get('workers', 'threads')} {settings['num_threads']}, "
+                         f"prefetch {settings.get('prefetch')} ({how})")
         if self.decisions:
             lines.append("  autotuner decisions (latest last):")
             for d in self.decisions[-8:]:
@@ -345,7 +346,7 @@ def _attribute(
     candidates = {n: stages[n].busy_s for n in _POOL_STAGES if n in stages}
     if not candidates or max(candidates.values()) <= 0:
         return None, f"{wait}, but no stage recorded work: {UNKNOWN_STAGE}", None
-    name = max(candidates, key=candidates.get)
+    name = max(candidates, key=candidates.__getitem__)
     per_batch_ms = 1e3 * candidates[name] / max(1, consumer.batches)
     if name == "read":
         what = f"gathering rows from the shards takes {per_batch_ms:.2f} ms per batch"
@@ -353,7 +354,7 @@ def _attribute(
         what = f"computing batch indices takes {per_batch_ms:.2f} ms per batch"
     else:
         parts = stages[name].parts
-        part = max(parts, key=parts.get) if parts and max(parts.values()) > 0 else "per_sample"
+        part = max(parts, key=parts.__getitem__) if parts and max(parts.values()) > 0 else "per_sample"
         label = _PART_NAMES.get(part, part)
         per_sample_us = 1e6 * parts.get(part, 0.0) / max(1, consumer.samples)
         what = f"{label} takes {per_sample_us:,.0f} us per sample ({per_batch_ms:.2f} ms per batch in all)"

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import ray
 
 import chute
 from chute.errors import ChuteError
-from chute.format.schema import infer_schema
+from chute.format.schema import ColumnType, Schema, infer_schema
 from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE
 from chute._sizes import parse_size
 from chute.ray.sink import ChuteDatasink, run
@@ -56,7 +57,7 @@ def convert_on_ray(
     if not source.parts:
         raise ChuteError(f"{src} holds no samples to convert")
     first = [sample for sample, _ in source.read(source.parts[0])]  # the first part, read here
-    schema = source.schema
+    schema: Schema | Mapping[str, ColumnType] | None = source.schema
     if schema is None:  # as the converter does: from the first samples
         schema = infer_schema(first[:DEFAULT_LOOKAHEAD], first_position=0)
     per_part = max(1, sum(sample_bytes(sample) for sample in first))

@@ -30,7 +30,7 @@ from ray.data.datasource import Datasink, WriteResult
 
 import chute
 from chute.errors import ChuteError, SchemaError
-from chute.format.manifest import ShardInfo
+from chute.format.manifest import Manifest, ShardInfo
 from chute.format.schema import ColumnType, Schema
 from chute.format.writer import DEFAULT_SHARD_SIZE, TMP_SUFFIX, ShardWriter
 from chute.storage.write import Writer, destination
@@ -76,7 +76,7 @@ class ChuteDatasink(Datasink):
         self.storage_options = dict(storage_options or {})
         self.durable = durable
         self.token = secrets.token_hex(4)  # names every file this write makes, so a failed write can find them
-        self.manifest = None
+        self.manifest: Manifest | None = None
         self._writer: Writer | None = None  # the driver's: lock, overwrite check, manifest
 
     @property
@@ -111,6 +111,7 @@ class ChuteDatasink(Datasink):
 
     def on_write_complete(self, write_result: WriteResult) -> None:
         self.open()  # an empty dataset has no first bundle, hence no on_write_start
+        assert self._writer is not None  # open() made it
         reports = sorted((r for r in write_result.write_returns if r), key=lambda r: r["task"])
         shards = [ShardInfo(**entry) for report in reports for entry in report["shards"]]
         try:
@@ -137,6 +138,7 @@ class ChuteDatasink(Datasink):
 
     def _check_visible(self, shards: list[ShardInfo]) -> None:
         """A local destination must be one file system for every node: check the driver sees each shard."""
+        assert self._writer is not None  # the driver's, made by open()
         if is_remote(self._writer.url):
             return
         for info in shards:
@@ -199,7 +201,8 @@ class ChuteDatasink(Datasink):
         """The task's ``(sample, origin)`` pairs: its blocks' rows, or the rows of the parts they name."""
         if self.plan is not None:
             for block in blocks:
-                for number in BlockAccessor.for_block(block).to_numpy("part").tolist():
+                parts: Any = BlockAccessor.for_block(block).to_numpy("part")  # one column: an array
+                for number in parts.tolist():
                     yield from self.plan.read(self.plan.parts[number])
             return
         columns = None
@@ -264,6 +267,7 @@ def run(ray_dataset: ray.data.Dataset, sink: ChuteDatasink, concurrency: int | N
         raise
     from chute.storage.open import open_dataset
 
+    assert sink._writer is not None  # the write committed through it
     return open_dataset(sink._writer.url, storage_options=sink.storage_options)
 
 

@@ -237,6 +237,7 @@ def _struct_columns(name: str, source: str, path: tuple[str, ...], t: pa.StructT
             out.extend(_struct_columns(child_name, source, child_path, field.type))
             continue
         plain = _plan_column(child_name, field.type, None)
+        assert not isinstance(plain.ctype, (Json, Nullable))  # _flat_struct admits numbers, strings and bytes only
         out.append(dataclasses.replace(plain, ctype=Nullable(plain.ctype), nullable=True, source=source, path=child_path))
     return out
 

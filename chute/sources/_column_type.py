@@ -57,9 +57,9 @@ def _parse_node(node: ast.AST, text: str) -> ColumnType:
         if cls is Nullable:
             if not call or len(call.args) != 1:
                 raise ValueError("nullable takes one column type, e.g. nullable(scalar(int64))")
-            return Nullable(_parse_node(call.args[0], text))
+            return Nullable(_parse_node(call.args[0], text))  # type: ignore[arg-type]  # Nullable checks what it wraps
         args = [_literal(a) for a in call.args] if call else []
-        kwargs = {k.arg: _literal(k.value) for k in call.keywords} if call else {}
+        kwargs: dict[Any, Any] = {k.arg: _literal(k.value) for k in call.keywords} if call else {}
         return cls(*args, **kwargs)
     except (ValueError, TypeError, SchemaError) as exc:
         raise ValueError(f"{text!r} is not a valid {cls.__name__} column type ({exc}); e.g. {EXAMPLES}") from None

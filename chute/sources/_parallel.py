@@ -99,7 +99,8 @@ def _wait_for_exit(pid: int) -> None:
     if hasattr(select, "kqueue"):
         queue = select.kqueue()
         try:
-            event = select.kevent(pid, select.KQ_FILTER_PROC, select.KQ_EV_ADD | select.KQ_EV_ONESHOT, select.KQ_NOTE_EXIT)
+            event = select.kevent(  # type: ignore[attr-defined]  # BSD and macOS only
+                pid, select.KQ_FILTER_PROC, select.KQ_EV_ADD | select.KQ_EV_ONESHOT, select.KQ_NOTE_EXIT)  # type: ignore[attr-defined]
             queue.control([event], 1)
         except ProcessLookupError:
             pass
@@ -162,6 +163,7 @@ class OrderedPool:
 
     def map(self, fn: Callable[[Sequence[T]], list[R]], chunks: Iterable[Sequence[T]]) -> Iterator[R]:
         """Yield ``fn(chunk)``'s results, chunk after chunk, in the order of ``chunks``."""
+        chunk: Sequence[T] | None
         if self._executor is None:
             for chunk in chunks:
                 yield from fn(chunk)

@@ -14,8 +14,8 @@ import os
 import posixpath
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, cast
 
 from chute.errors import ChuteError
 from chute.storage.remote import NotFound, Remote, is_remote
@@ -79,7 +79,7 @@ def local_copy(url: str, storage_options: Mapping[str, Any] | None = None) -> It
                 f.truncate()
 
             try:
-                remote.download_stream(name, f.write, restart)
+                remote.download_stream(name, cast("Callable[[bytes], None]", f.write), restart)
             except NotFound:
                 raise ChuteError(f"{url} does not exist") from None
         yield path

@@ -13,6 +13,7 @@ import dataclasses
 import glob
 import os
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.feather as feather
@@ -43,7 +44,7 @@ def list_arrow_files(src: str | os.PathLike | Sequence[str | os.PathLike]) -> li
         if not files:
             raise ChuteError("no files to convert: the list of sources is empty")
         return files
-    path = os.fspath(src)
+    path = os.fspath(cast("str | os.PathLike", src))  # not a list or tuple here
     if os.path.isdir(path):
         files = sorted(
             os.path.join(path, name) for name in os.listdir(path) if name.lower().endswith(ARROW_EXTENSIONS)

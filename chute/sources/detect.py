@@ -109,8 +109,8 @@ def detect_kind(src: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
         matches = sorted({m for name in expand_braces(path) for m in glob.glob(name)})
         if not matches:
             raise ChuteError(f"{path} does not exist")
-        kinds = {_kind_of_file(m) for m in matches}
-        kind = kinds.pop() if len(kinds) == 1 else None
+        found = {_kind_of_file(m) for m in matches}
+        kind = found.pop() if len(found) == 1 else None
     if kind is None:
         raise ChuteError(
             f"cannot tell what kind of source {path} is; pass kind= (chute convert --kind) with one of: "

@@ -29,18 +29,19 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 import chute
 from chute.errors import ChuteError
-from chute.format.schema import Bytes, Scalar, String, Tensor
+from chute.format.schema import Bytes, ColumnType, Scalar, String, Tensor
 from chute.sources._files import IMAGE_EXTENSIONS
 from chute.sources._parallel import OrderedPool, call_chunk, chunk_size_for, chunked
 from chute.sources._progress import Progress
 from chute.sources._write import DEFAULT_SHARD_SIZE, write_samples
 
-SCHEMA = {"image": Bytes(), "label": Scalar("int64"), "path": String()}
+SCHEMA: dict[str, ColumnType] = {"image": Bytes(), "label": Scalar("int64"), "path": String()}
 
 
 def list_images(root: str, extensions: frozenset[str] = IMAGE_EXTENSIONS) -> tuple[list[str], list[tuple[str, int]], list[str]]:
@@ -173,11 +174,11 @@ def from_image_folder(
     with OrderedPool(workers, start_method=start_method) as pool:
         read = functools.partial(call_chunk, read_image_pixels if decode else read_image_bytes, {})
         contents = pool.map(read, chunked(paths, chunk_size_for(len(paths), pool.workers)))
-        samples = (
+        samples: Iterator[tuple[dict[str, Any], str]] = (
             ({"image": data, "label": label, "path": relative}, f"image {relative}")
             for (relative, label), data in zip(images, contents)
         )
-        schema = SCHEMA
+        schema: dict[str, ColumnType] = SCHEMA
         if decode:
             samples = _decoded(samples, bar)
             first = read_image_pixels(paths[0])

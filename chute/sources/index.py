@@ -132,7 +132,8 @@ def _read_csv(source: str, text: str, delimiter: str, path_column: str | None, c
                 f"index {source} has no column {path_column!r}; its columns are {names}: "
                 "pass the one that holds the file paths as path_column= (chute convert --path-column)"
             )
-        rows, places = [], []
+        rows: list[list[str]] = []
+        places: list[str] = []
         for row in reader:
             if not any(cell.strip() for cell in row):
                 continue  # blank line

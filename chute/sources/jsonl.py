@@ -64,7 +64,8 @@ def from_jsonl(
     ``column_types`` declares some columns' types (``{"emb": chute.Tensor("float32",
     (768,))}``); values cast into them when exact, and ``cast=True`` also rounds floats.
     """
-    sources = [os.fspath(s) for s in (src if isinstance(src, (list, tuple)) else [src])]
+    given: Sequence[Any] = src if isinstance(src, (list, tuple)) else [src]
+    sources = [os.fspath(s) for s in given]
     if not sources:
         raise ChuteError("no JSON lines file given")
     declared = dict(column_types or {})

@@ -41,7 +41,7 @@ class SourcePlan:
 def plan(src: Any, kind: str | None = None, *, allow_pickle: bool = False, rows_per_part: int = ROWS_PER_PART, **options: Any) -> SourcePlan:
     """``src`` (of ``kind``, detected when None) as a :class:`SourcePlan`; ``options`` as for the converter."""
     kind = kind or detect_kind(src)
-    planners = {"index": _index, "images": _images, "webdataset": _webdataset, "arrow": _arrow, "numpy": _numpy, "hf": _hf}
+    planners: dict[str, Callable[..., SourcePlan]] = {"index": _index, "images": _images, "webdataset": _webdataset, "arrow": _arrow, "numpy": _numpy, "hf": _hf}
     if kind not in planners:
         raise ChuteError(f"unknown source kind {kind!r}; use one of {', '.join(planners)}")
     if kind == "index":

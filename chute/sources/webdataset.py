@@ -27,7 +27,7 @@ import posixpath
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import chute
 from chute.errors import ChuteError
@@ -56,7 +56,7 @@ def list_tars(src: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]
     """The tar files of ``src`` (a tar, a directory of tars, a glob or brace pattern, or a list), sorted."""
     if isinstance(src, (list, tuple)):
         return sorted({tar for part in src for tar in list_tars(part)})
-    path = os.fspath(src)
+    path = os.fspath(cast("str | os.PathLike", src))  # not a list or tuple here
     if os.path.isdir(path):
         tars = [os.path.join(path, n) for n in os.listdir(path) if n.lower().endswith(TAR_EXTENSIONS)]
         if not tars:

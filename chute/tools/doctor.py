@@ -364,9 +364,9 @@ def _cpu_quota() -> float | None:
         if quota != "max" and period:
             return int(quota) / int(period)
         return None
-    quota, period = _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
-    if quota and period and int(quota) > 0:
-        return int(quota) / int(period)
+    quota_us, period_us = _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+    if quota_us and period_us and int(quota_us) > 0:
+        return int(quota_us) / int(period_us)
     return None
 
 
