@@ -80,6 +80,7 @@ class Channel:
 
     def reserve(self, step: int) -> bool:
         """Wait until the slot of ``step`` is free (a single producer pulling from a source); False once closed."""
+        assert self._free is not None, "reserve() needs a Channel made with reserve=True"
         self._free[step % self.slots].acquire()
         return not self.closed
 

@@ -40,7 +40,8 @@ def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
             out = copy.copy(batch)
             out.update(changed)
             return out
-        return type(batch)({key: changed.get(key, value) for key, value in batch.items()})
+        maker: Any = type(batch)  # a Mapping subclass that takes a dict, as dict does
+        return maker({key: changed.get(key, value) for key, value in batch.items()})
     if isinstance(batch, (list, tuple)):
         items = [map_tensors(fn, value) for value in batch]
         if all(new is old for new, old in zip(items, batch)):
@@ -63,8 +64,8 @@ def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
             return batch
         # copy + setattr rather than dataclasses.replace: replace() re-runs
         # __init__/__post_init__ and cannot set init=False fields.
-        out = copy.copy(batch)
+        copied = copy.copy(batch)
         for name, value in changed.items():
-            object.__setattr__(out, name, value)
-        return out
+            object.__setattr__(copied, name, value)
+        return copied
     return batch
