@@ -11,6 +11,8 @@ import collections
 import fcntl
 import os
 import re
+import shutil
+import subprocess
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -165,3 +167,17 @@ if __name__ == "__main__":
     import sys
 
     child_epoch(*sys.argv[1:4])
+
+
+def native_stacks(pid: int) -> str:
+    """Every thread's native stack of a hung process (gdb, where installed): a hang in C code, e.g.
+    at interpreter exit, shows no Python frame in faulthandler's dump."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return ""
+    try:
+        done = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "gdb timed out"
+    return "native stacks (gdb):\n" + "\n".join(line for line in done.stdout.splitlines() if line.startswith(("#", "Thread")))

@@ -14,8 +14,11 @@ while they read. It checks the protocol's invariants:
   others: the survivors finish within the round's bound, and afterwards no
   ``.part`` file and no member file is left once a scan has run.
 
-A round that passes its bound fails with every live member's thread stacks
-(SIGUSR1 -> faulthandler) instead of hanging CI. To replay a failure, run with
+Members exit normally once they have closed their loader and dataset, as a
+user's program does. A round that passes its bound (a member hung while reading,
+or at interpreter exit) fails naming the members still running and where they
+are, with every live member's thread stacks (SIGUSR1 -> faulthandler, and the
+native stacks with gdb where installed) instead of hanging CI. To replay a failure, run with
 the seed it printed: ``CHUTE_STRESS_SEED=<seed> pytest tests/storage/test_stress.py``
 (the kill/stop timing follows the seed, but the processes' own timing does not:
 a replay reproduces the configuration, not necessarily the interleaving).
@@ -41,7 +44,8 @@ import torch
 
 import chute
 from tests.servers import REPO_ROOT
-from tests.storage._helpers import assert_same_epoch, cache_bytes, epoch_columns, part_files, samples
+from tests.storage._helpers import assert_same_epoch, cache_bytes, epoch_columns, native_stacks, part_files, samples
+from tests.storage._stress_child import CLOSED
 
 ROWS = 800
 SHARD_SIZE = 12_000  # ~44 rows a shard, 19 shards
@@ -137,7 +141,7 @@ def _dump_and_fail(members: list[Member], why: str, round_seed: int, log: list[s
     live = [m for m in members if m.proc.poll() is None]
     for m in live:
         m.proc.send_signal(signal.SIGCONT)
-    native = {m.seed: _native_stacks(m.proc.pid) for m in live}
+    native = {m.seed: native_stacks(m.proc.pid) for m in live}
     for m in live:
         m.proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's Python stack to its stderr
     time.sleep(2.0)  # let the dumps be written (a fixed pause on the failure path only)
@@ -152,18 +156,17 @@ def _dump_and_fail(members: list[Member], why: str, round_seed: int, log: list[s
     pytest.fail(f"CHUTE_STRESS_SEED={round_seed}: {why}\nchaos: {log}\n{dumps}")
 
 
-def _native_stacks(pid: int) -> str:
-    """Every thread's native stack of a hung member (gdb, where installed): a hang in C code, e.g.
-    at interpreter exit, shows no Python frame in faulthandler's dump."""
-    gdb = shutil.which("gdb")
-    if gdb is None:
-        return ""
-    try:
-        done = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
-                              capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        return "gdb timed out"
-    return "native stacks (gdb):\n" + "\n".join(line for line in done.stdout.splitlines() if line.startswith(("#", "Thread")))
+def _stuck(members: list[Member]) -> str:
+    """Which members are still running, and where: a member that wrote that it had closed
+    everything is hung at interpreter exit (members exit normally, as a user's program does)."""
+    out = []
+    for m in members:
+        if m.proc.poll() is not None:
+            continue
+        saved = sorted(f for f in os.listdir(m.out) if f.endswith(".pt"))
+        where = "hung at interpreter exit, after closing" if CLOSED in _stderr(m) else f"still reading (saved: {saved})"
+        out.append(f"member seed={m.seed} pid={m.proc.pid} {where}")
+    return "; ".join(out) or "none still running"
 
 
 def _stderr(m: Member) -> str:
@@ -216,8 +219,8 @@ def _round(round_seed: int, url: str, dataset: str, tmp_path) -> str:
             except subprocess.TimeoutExpired:
                 stop_chaos.set()
                 chaos.join(10)
-                _dump_and_fail(members, f"the round did not end within {ROUND_S} s (limit {limit:,}, minimum {minimum:,})",
-                               round_seed, log)
+                _dump_and_fail(members, f"the round did not end within {ROUND_S} s (limit {limit:,}, minimum {minimum:,}): "
+                               f"{_stuck(members)}", round_seed, log)
     finally:
         stop_chaos.set()
         if chaos is not None:
