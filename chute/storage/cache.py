@@ -46,7 +46,6 @@ cannot get the lease its loader needs waits for its turn holding nothing.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -167,7 +166,6 @@ class ShardCache:
         self._loading: set[int] = set()
         self._claims: dict[int, int] = {}  # shard -> claims not yet turned into holds
         self._reserved: set[int] = set()  # shards whose bytes this process's lease counts
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.next_use: Callable[[int], float] | None = None  # set by the loader: step of a shard's next use
         self.on_no_room: Callable[[], None] | None = None  # set by the loader: a download of this process waits for room
         self.on_unpin: Callable[[int], None] | None = None  # called before a shard's lock is dropped
@@ -199,7 +197,6 @@ class ShardCache:
             os.close(fd)
         self._fds, self._refs, self._claims, self._reserved, self._loading = {}, {}, {}, set(), set()
         self._cond = threading.Condition()
-        self._pool = None
         self._inherited = True
         self.direct = DirectReads(self)
         if self.sharing is not None:
@@ -385,9 +382,6 @@ class ShardCache:
             os.close(fd)
         if self.sharing is not None:
             self.sharing.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
 
     def _make_dir(self) -> None:
         """This dataset's cache directory, its lock folder and its ``source`` file."""
@@ -468,7 +462,7 @@ class ShardCache:
 
     def _fetch(self, info: ShardInfo, part: str) -> None:
         if info.compression is None:
-            self.remote.download(info.file, part, info.bytes, self._parts_pool())
+            self.remote.download(info.file, part, info.bytes)
             return
         try:
             import zstandard
@@ -488,13 +482,6 @@ class ShardCache:
             written = out.tell()
             if written < info.bytes:  # a cut stream: the checksum check will catch it; keep the reservation size
                 out.truncate(info.bytes)
-
-    def _parts_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pool is None:
-            with self._cond:
-                if self._pool is None:
-                    self._pool = concurrent.futures.ThreadPoolExecutor(self.remote.parallel, thread_name_prefix="chute-range")
-        return self._pool
 
     def _reserve(self, i: int, size: int) -> str | None:
         """Create shard ``i``'s ``.part`` file at full size, evicting to stay under the limit; None

@@ -472,12 +472,12 @@ class Remote:
             return [(0, size)]
         return [(start, min(self.part_size, size - start)) for start in range(0, size, self.part_size)]
 
-    def download(self, name: str, dest: str, size: int, pool: concurrent.futures.Executor | None = None) -> None:
+    def download(self, name: str, dest: str, size: int) -> None:
         """Write object ``name`` (``size`` bytes) into the existing file ``dest``.
 
         In one GET, or as byte ranges (see :meth:`plan`) fetched ``parallel`` at
-        a time by threads that end with the download (``pool`` is not used: a
-        pool kept beyond it would outlive the loader), each range retried on its
+        a time by threads that end with the download (no pool is kept: it would
+        outlive the loader), each range retried on its
         own. A server that answers a range with the whole object (no Range
         support, such as ``python -m http.server``) gets whole-object requests
         from then on.
