@@ -91,3 +91,11 @@ def test_the_dataset_itself_still_refuses_the_damage(tmp_path):
         ds.verify()  # `chute inspect --verify`: checksums and Arrow's full validation, as before
     problem = validate.check_file(ds.shard_path(0), ds.shards[0], ds.schema, ds.manifest.arrow_schema, "here")
     assert problem is not None and "column 'tokens' is not valid Arrow data" in problem
+
+
+def test_defer_offset_checks_takes_only_variable_size_columns_of_the_dataset(tmp_path):
+    ds = chute.write([{"x": np.float32(1), "s": "a"}], tmp_path / "plain")
+    with pytest.raises(ValueError, match=r"defer_offset_checks takes variable-size columns of .*plain, got \['nope', 'x'\]"):
+        ds.defer_offset_checks(["nope", "x"])
+    ds.defer_offset_checks(["s"])
+    assert ds[0]["s"] == "a"
