@@ -10,7 +10,9 @@ seq_len 2048, batch 8, shuffled. Each repeat measures, in the same run:
 * ``pack="concat"``: ``chute.Loader(sequences(ds, 2048), 8, shuffle=True)``,
   default settings (autotuned threads);
 * ``pack="documents"``: the same with document packing (plus ``position_ids``,
-  ``cu_seqlens``).
+  ``cu_seqlens``);
+* each kernel alone: ``view.read`` of the same shuffled batches into reused
+  outputs, one thread (what the Loader's worker calls per batch).
 
 tokens/s counts ``batch x seq_len`` positions per batch (padding included for
 documents; its share of real tokens is printed too). The first pass of each
@@ -24,9 +26,15 @@ documents), a shuffled Loader, its first batch. Before the barrier each process
 reads one batch of a tiny corpus, so chute's modules are loaded (imports are not
 opening). Prints each process's time from the barrier to its Loader (opening:
 manifest, view, Loader) and to its first batch, and its RSS (total and
-anonymous) after it; with the shard checks of ``chute.open`` on (the default:
-the first read of a shard checks its structure, O(its documents), and its
-checksum once per machine) and off (``verify=False``).
+anonymous) after it, and the CPU seconds it spent from the barrier to its first
+batch (``getrusage``, all its threads: the figure that a busy machine does not
+inflate); with the checksum check of ``chute.open`` on (the default: each shard
+hashed once per machine) and off (``verify=False``).
+
+Each part saves its table through ``benchmarks/_results.py`` (``tokens.json``;
+``--label`` names the start-up table ``startup-<label>``, e.g. to keep a run of
+another checkout's code beside this one's), drawn into docs/benchmarks.md by
+``benchmarks/tables.py``.
 
     python benchmarks/tokens.py --part throughput --repeats 5
     python benchmarks/tokens.py --part startup --documents 100000000 --processes 8
@@ -37,7 +45,9 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -45,6 +55,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chute  # noqa: E402
+from _results import save  # noqa: E402
 from chute.tokens.writer import TokenWriter  # noqa: E402
 
 SEQ_LEN = 2048
@@ -119,6 +130,29 @@ def loader_rate(view, seed: int, passes: int = 2) -> tuple[float, float]:
     return rate, (real / positions if real else 1.0)
 
 
+def kernel_rate(view, seed: int, batches: int) -> float:
+    """Positions/s of ``view.read`` alone: shuffled batches into reused outputs, one thread, shards mapped first."""
+    order = np.random.default_rng(seed).permutation(len(view))[: batches * BATCH].astype(np.int64)
+    outs = [np.empty((BATCH, *shape), dtype) for _, shape, dtype, _ in view.fixed_columns]
+    for i in range(len(view.shards)):  # map every shard (and plan it) before the clock
+        if view.shards[i].rows:
+            view.read(np.asarray([view.offsets[i]], np.int64), [o[:1] for o in outs])
+    start = time.perf_counter()
+    for b in range(batches):
+        view.read(order[b * BATCH : (b + 1) * BATCH], outs)
+    return batches * BATCH * SEQ_LEN / (time.perf_counter() - start)
+
+
+def code() -> str:
+    """Which chute ran: its checkout and commit (the run's stamp names the benchmark script's)."""
+    where = os.path.dirname(os.path.dirname(os.path.abspath(chute.__file__)))
+    try:
+        sha = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        sha = "?"
+    return f"chute from {where} at {sha or '?'}"
+
+
 def throughput(args: argparse.Namespace) -> None:
     ds, raw = corpus(args.data_dir, args.tokens)
     concat = chute.tokens.sequences(ds, SEQ_LEN)
@@ -128,15 +162,32 @@ def throughput(args: argparse.Namespace) -> None:
     rows = []
     for r in range(args.repeats):
         limit = limit_rate(raw, r, len(concat) // BATCH)
+        kc = kernel_rate(concat, r, len(concat) // BATCH)
+        kd = kernel_rate(packed, r, len(packed) // BATCH)
         c, _ = loader_rate(concat, r)
         d, share = loader_rate(packed, r)
-        rows.append((limit, c, d, share))
-        print(f"run {r}: limit {limit / 1e6:.1f} M tok/s, concat {c / 1e6:.1f} ({c / limit:.2f}x), "
-              f"documents {d / 1e6:.1f} ({d / limit:.2f}x, {share:.1%} of positions are tokens)", flush=True)
+        rows.append((limit, kc, kd, c, d, share))
+        print(f"run {r}: limit {limit / 1e6:.1f} M tok/s, kernels {kc / 1e6:.1f} / {kd / 1e6:.1f}, concat {c / 1e6:.1f} "
+              f"({c / limit:.2f}x), documents {d / 1e6:.1f} ({d / limit:.2f}x, {share:.1%} of positions are tokens)", flush=True)
     med = lambda k: statistics.median(row[k] for row in rows)  # noqa: E731
-    print(f"median of {args.repeats}: limit {med(0) / 1e6:.1f} M tok/s, concat {med(1) / 1e6:.1f} M tok/s "
-          f"({statistics.median(r[1] / r[0] for r in rows):.2f}x), documents {med(2) / 1e6:.1f} M tok/s "
-          f"({statistics.median(r[2] / r[0] for r in rows):.2f}x)")
+    ratio = lambda k: statistics.median(row[k] / row[0] for row in rows)  # noqa: E731
+    print(f"median of {args.repeats}: limit {med(0) / 1e6:.1f} M tok/s, concat {med(3) / 1e6:.1f} M tok/s "
+          f"({ratio(3):.2f}x), documents {med(4) / 1e6:.1f} M tok/s ({ratio(4):.2f}x)")
+    labels = [
+        "numpy limit (memmapped stream sliced into int64 batches, one thread)",
+        'kernel alone, `pack="concat"` (`view.read` into reused outputs, one thread)',
+        'kernel alone, `pack="documents"` (+ position_ids, cu_seqlens)',
+        '`chute.Loader(sequences(ds, 2048), 8, shuffle=True)` default',
+        f'the same, `pack="documents"` ({med(5):.0%} of positions are tokens)',
+    ]
+    table = {
+        "title": f"seq_len {SEQ_LEN}, batch {BATCH}",
+        "columns": [["mtok_s", "M tokens/s", ".1f"], ["ratio", "vs the limit", ".2f"]],
+        "rows": [{"label": label, "mtok_s": med(k) / 1e6, "ratio": ratio(k)} for k, label in enumerate(labels)],
+        "notes": (f"median of {args.repeats} runs (ratios: median of each run's ratio to its own limit); "
+                  f"{int(ds.metadata['tokens']['tokens']):,} tokens, {len(ds.shards)} shards, in the page cache; {code()}"),
+    }
+    save("tokens", {"throughput": table})
 
 
 def startup_corpus(root: str, documents: int) -> str:
@@ -156,15 +207,21 @@ def startup_corpus(root: str, documents: int) -> str:
     return path
 
 
-def rss() -> tuple[int, int]:
-    """(VmRSS, RssAnon) of this process in bytes."""
+def rss() -> tuple[int, int, int]:
+    """(VmRSS, RssAnon, RssFile) of this process in bytes."""
     values = {}
     with open("/proc/self/status") as f:
         for line in f:
             key, _, rest = line.partition(":")
-            if key in ("VmRSS", "RssAnon"):
+            if key in ("VmRSS", "RssAnon", "RssFile"):
                 values[key] = int(rest.split()[0]) * 1024
-    return values["VmRSS"], values["RssAnon"]
+    return values["VmRSS"], values["RssAnon"], values["RssFile"]
+
+
+def cpu() -> float:
+    """CPU seconds of this process, all its threads (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _rank(path: str, warmup: str, pack: str, verify: bool, rank: int, world: int, barrier, results) -> None:
@@ -175,14 +232,15 @@ def _rank(path: str, warmup: str, pack: str, verify: bool, rank: int, world: int
     next(iter(c.Loader(c.tokens.sequences(warmup, 16, pack=pack), 1, workers=1)))
     before = rss()
     barrier.wait()
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), cpu()
     view = c.tokens.sequences(c.open(path, verify=verify), SEQ_LEN, pack=pack)
     loader = c.Loader(view, BATCH, shuffle=True, seed=0, rank=rank, world_size=world, workers=1)
     opened = time.perf_counter() - start
     batch = next(iter(loader))
-    took = time.perf_counter() - start
+    assert tuple(batch["input_ids"].shape) == (BATCH, SEQ_LEN)
+    took, spent = time.perf_counter() - start, cpu() - cpu0
     after = rss()
-    results.put((rank, took, after[0], after[1], after[1] - before[1], opened, int(batch["input_ids"].numel())))
+    results.put((rank, took, after[0], after[1], after[1] - before[1], opened, spent, after[2] - before[2]))
     loader.close()
 
 
@@ -194,8 +252,11 @@ def startup(args: argparse.Namespace) -> None:
     print(f"corpus: {len(ds):,} documents, {ds.metadata['tokens']['tokens']:,} tokens, {len(ds.shards)} shards, "
           f"{ds.nbytes / 2**30:.1f} GiB")
     ctx = mp.get_context("spawn")
+    rows = []
     for pack, verify in (("concat", True), ("documents", True), ("concat", False), ("documents", False)):
+        got_all, loads = [], []
         for r in range(args.repeats):
+            loads.append(os.getloadavg()[0])
             barrier, results = ctx.Barrier(args.processes), ctx.Queue()
             procs = [ctx.Process(target=_rank, args=(path, warmup, pack, verify, k, args.processes, barrier, results)) for k in range(args.processes)]
             for p in procs:
@@ -203,12 +264,34 @@ def startup(args: argparse.Namespace) -> None:
             got = sorted(results.get() for _ in procs)
             for p in procs:
                 p.join()
+            got_all += got
             times = [g[1] for g in got]
-            print(f"{pack} verify={verify} run {r}: opening (manifest, view, Loader) median "
-                  f"{statistics.median(g[5] for g in got):.3f} s; time to first batch median {statistics.median(times):.3f} s, max {max(times):.3f} s; "
+            print(f"{pack} verify={verify} run {r} (load {loads[-1]:.1f}): opening (manifest, view, Loader) median "
+                  f"{statistics.median(g[5] for g in got):.3f} s; time to first batch median {statistics.median(times):.3f} s, "
+                  f"max {max(times):.3f} s; CPU per process median {statistics.median(g[6] for g in got):.3f} s; "
                   f"RSS per process median {statistics.median(g[2] for g in got) / 2**20:.0f} MiB "
                   f"(anonymous {statistics.median(g[3] for g in got) / 2**20:.0f} MiB, "
-                  f"of which opening + first batch {statistics.median(g[4] for g in got) / 2**20:.1f} MiB)", flush=True)
+                  f"of which opening + first batch {statistics.median(g[4] for g in got) / 2**20:.1f} MiB; "
+                  f"file-backed pages added {statistics.median(g[7] for g in got) / 2**20:.0f} MiB)", flush=True)
+        med = lambda k: statistics.median(g[k] for g in got_all)  # noqa: E731
+        rows.append({
+            "label": f"{pack}, " + ("checksums on (default)" if verify else "`verify=False`"),
+            "opening_s": med(5), "first_s": med(1), "first_max_s": max(g[1] for g in got_all), "cpu_s": med(6),
+            "rss_mib": med(2) / 2**20, "anon_added_mib": med(4) / 2**20, "file_added_mib": med(7) / 2**20,
+            "load": statistics.median(loads),
+        })
+    table = {
+        "title": f"{len(ds):,} documents, {len(ds.shards)} shards, {args.processes} processes",
+        "columns": [["opening_s", "opening s", ".3f"], ["first_s", "first batch s (median)", ".3f"],
+                    ["first_max_s", "(max)", ".3f"], ["cpu_s", "CPU s per rank", ".3f"], ["rss_mib", "RSS MiB", ".0f"],
+                    ["anon_added_mib", "anonymous added MiB", ".1f"], ["file_added_mib", "file pages added MiB", ".0f"],
+                    ["load", "load avg (1 min) before", ".1f"]],
+        "rows": rows,
+        "notes": (f"medians over the {args.processes} ranks of {args.repeats} run(s); times from the barrier (modules "
+                  f"imported before); CPU s: getrusage of the rank, all its threads; added: from the barrier to after the "
+                  f"first batch; {code()}"),
+    }
+    save("tokens", {"startup" + (f"-{args.label}" if args.label else ""): table})
 
 
 def main() -> None:
@@ -219,6 +302,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=100_000_000, help="throughput corpus size in tokens")
     parser.add_argument("--documents", type=int, default=100_000_000, help="start-up corpus size in documents")
     parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--label", default="", help="save the start-up table as startup-LABEL (default: startup)")
     args = parser.parse_args()
     os.makedirs(args.data_dir, exist_ok=True)
     throughput(args) if args.part == "throughput" else startup(args)

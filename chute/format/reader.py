@@ -75,7 +75,7 @@ class _Shard:
 
     def __init__(
         self, path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema, where: str, readers: dict,
-        checks: validate.ShardChecks | None = None,
+        checks: validate.ShardChecks | None = None, offsets_checked: frozenset[str] = frozenset(),
     ) -> None:
         try:
             # pa.memory_map, not Python's mmap + py_buffer: with the latter, Arrow touched
@@ -99,7 +99,7 @@ class _Shard:
                 f"{arrow_schema}; the shard does not belong to this dataset: write it again"
             )
         if checks is not None:  # offsets, buffer bounds, rows and nulls, before anything is decoded
-            checks.structure(batches, self.mmap, info, schema, where)
+            checks.structure(batches, self.mmap, info, schema, where, offsets_checked)
         rows = sum(b.num_rows for b in batches)
         if rows != info.rows:
             raise ShardError(f"{where}: shard {info.file} holds {rows} rows, the manifest says {info.rows}; write the dataset again")
@@ -288,6 +288,7 @@ class Dataset:
     ) -> None:
         self.root = root
         self._checks = validate.ShardChecks(verify)  # each shard's bytes and structure, once per process
+        self._offsets_checked: frozenset[str] = frozenset()  # columns whose offsets a reader above checks (defer_offset_checks)
         self.manifest = manifest
         self._manifest_text = manifest_text
         self.cache = cache  # the shard source of a remote dataset (the node cache); None: files under root
@@ -376,7 +377,7 @@ class Dataset:
         """Map shard ``i`` from ``path`` and publish its buffers (called with ``_lock`` held)."""
         shard = _Shard(
             path, self.manifest.shards[i], self.schema, self.manifest.arrow_schema, f"dataset {self.root}", self._batches.readers,
-            self._checks,
+            self._checks, self._offsets_checked,
         )
         self._batches.publish(i, shard.sources)
         self._shards[i] = shard
@@ -430,6 +431,24 @@ class Dataset:
         return get_item(self, index)
 
     # ------------------------------------------------------------------ validation
+
+    def defer_offset_checks(self, columns: Sequence[str]) -> None:
+        """The caller checks the row offsets of ``columns`` (variable-size ones) itself before it trusts them.
+
+        From now on, in this process, the first read of a shard runs Arrow's basic
+        validation on these columns (buffer sizes, first and last offset inside the
+        values: O(1)) instead of the full one that walks every offset (O(rows)).
+        chute.tokens asks it for the ``tokens`` column, whose offsets its native
+        packing pass checks as it walks them. Reads through the dataset itself stay
+        safe: the native kernels check each row's offsets as they read it. Not
+        pickled (the caller asks again in the process that unpickles it).
+        """
+        names = frozenset(columns)
+        unknown = sorted(names - set(self.schema.names))
+        fixed = sorted(name for name in names if name in {n for n, _ in self._batches.fixed})
+        if unknown or fixed:
+            raise ValueError(f"defer_offset_checks takes variable-size columns of {self.root}, got {unknown + fixed}")
+        self._offsets_checked = self._offsets_checked | names
 
     def check_shard(self, i: int) -> str | None:
         """A description of what is wrong with shard ``i`` on disk, or None if its bytes are intact."""

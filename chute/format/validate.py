@@ -17,6 +17,10 @@ shard is checked once per process, when it is first mapped:
    need, strings are UTF-8, map keys are present, a ragged row's shape matches
    its number of values. This is what a hostile file
    whose checksum was written to match would still be refused for.
+   (A reader that checks a column's offsets itself may ask for Arrow's basic
+   validation of that column instead, O(1) per shard:
+   ``Dataset.defer_offset_checks``; chute.tokens does, in the native pass that
+   plans its sequences.)
 
 Every failure is a :class:`chute.ShardError` naming the shard and the dataset.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -94,8 +99,13 @@ def check_bytes(mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: 
         )
 
 
-def check_batches(batches: list[pa.RecordBatch], info: ShardInfo, schema: Schema, where: str) -> None:
-    """Everything the reader takes for granted in a shard's record batches; ShardError otherwise."""
+def check_batches(batches: list[pa.RecordBatch], info: ShardInfo, schema: Schema, where: str,
+                  offsets_checked: Collection[str] = ()) -> None:
+    """Everything the reader takes for granted in a shard's record batches; ShardError otherwise.
+
+    ``offsets_checked``: columns whose caller checks the offsets itself before it trusts them
+    (``Dataset.defer_offset_checks``): Arrow's basic validation (buffer sizes, first and last
+    offset inside the values, O(1)) instead of the full one that walks every offset."""
     rows = sum(batch.num_rows for batch in batches)
     if rows != info.rows:
         raise ShardError(f"{where}: shard {info.file} holds {rows} rows, the manifest says {info.rows}; write the dataset again")
@@ -103,7 +113,7 @@ def check_batches(batches: list[pa.RecordBatch], info: ShardInfo, schema: Schema
         for name, ctype in schema:
             column = batch.column(name)
             try:
-                column.validate(full=True)
+                column.validate(full=name not in offsets_checked)
             except (pa.ArrowException, ValueError) as exc:
                 raise ShardError(f"{where}: shard {info.file}, column {name!r} is not valid Arrow data ({exc}); " + _advice(info)) from None
             if _has_nulls(column, top=not isinstance(ctype, Nullable)):
@@ -222,12 +232,13 @@ class ShardChecks:
             _write_marker(marker, record, os.path.dirname(os.path.realpath(path)))
 
     def structure(self, batches: list[pa.RecordBatch], mapped: pa.MemoryMappedFile, info: ShardInfo, schema: Schema,
-                  where: str) -> None:
-        """Check a newly mapped shard's record batches (unless done); from here on it counts as checked."""
+                  where: str, offsets_checked: Collection[str] = ()) -> None:
+        """Check a newly mapped shard's record batches (unless done); from here on it counts as checked.
+        ``offsets_checked``: see :func:`check_batches`."""
         key = _identity(mapped.fileno())
         if key in self._done:
             return
-        check_batches(batches, info, schema, where)
+        check_batches(batches, info, schema, where, offsets_checked)
         with self._lock:
             self._done.add(key)
 

@@ -48,7 +48,7 @@ from chute.format.reader import check_indices, get_batch
 from chute.format.schema import Ragged, Schema, Tensor
 from chute.tokens.source import TokenSource, token_source
 
-__all__ = ["Sequences", "sequences", "PACKINGS"]
+__all__ = ["Sequences", "sequences", "PACKINGS", "check_documents"]
 
 PACKINGS = ("concat", "documents")
 IGNORE = -100  # the label of positions that predict nothing (padding, a piece's last token)
@@ -74,6 +74,15 @@ def packed_counts(source: TokenSource, seq_len: int) -> np.ndarray:
         _, _, offsets = source.map(i)
         counts[i] = _plan(source, i, offsets, seq_len, None)
     return counts
+
+
+def check_documents(source: TokenSource, i: int, offsets: np.ndarray) -> None:
+    """ShardError unless shard ``i``'s document offsets never decrease (one native pass, nothing allocated).
+
+    :meth:`TokenSource.map` checks only their ends; ``pack="documents"`` checks the rest in the pass that
+    plans a shard's sequences, and a reader of documents without a plan (:func:`chute.tokens.which` on
+    ``pack="concat"``) calls this."""
+    _plan(source, i, offsets, 2**31 - 1, None)
 
 
 def _plan(source: TokenSource, i: int, offsets: np.ndarray, seq_len: int, out: np.ndarray | None) -> int:

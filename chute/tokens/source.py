@@ -48,7 +48,12 @@ class TokenSource:
 
     def map(self, i: int, documents: bool = True) -> tuple[np.ndarray, int, np.ndarray | None]:
         """Shard ``i``: ``(tokens, base, doc_offsets)``; its tokens are ``tokens[base : base + shard_tokens[i]]``
-        and ``doc_offsets`` (int64, absolute in ``tokens``) bound its documents (may be None unless ``documents``)."""
+        and ``doc_offsets`` (int64, absolute in ``tokens``) bound its documents (may be None unless ``documents``).
+
+        Checked here: the offsets' first entry is ``base`` and their last ``base + shard_tokens[i]``, inside
+        ``tokens``. Not checked (O(documents)): that they never decrease. A reader that uses the offsets between
+        the first and last checks that itself (:func:`chute.tokens.sequences.check_documents`, or the packing
+        plan, which checks it in the same pass)."""
         raise NotImplementedError
 
     def set_on_unmap(self, callback: Any) -> None:
@@ -93,6 +98,9 @@ class DatasetTokens(TokenSource):
         self.packed = {int(k): list(v) for k, v in (meta.get("packed") or {}).items()}
         self.cache = dataset.cache
         self._lock = threading.Lock()
+        # Opening a shard must cost O(1), not a walk over its millions of document offsets: the offsets
+        # are checked where they are used (see map), so the dataset skips Arrow's full walk of them.
+        dataset.defer_offset_checks([COLUMN])
 
     def __reduce__(self):
         return (DatasetTokens, (self.dataset,))
@@ -103,6 +111,11 @@ class DatasetTokens(TokenSource):
         tokens = np.frombuffer(data, dtype=self.dtype) if len(data) else np.empty(0, self.dtype)
         base = int(offsets[0]) if len(offsets) else 0
         held = int(offsets[-1]) - base if len(offsets) else 0
+        if base != 0:
+            raise ShardError(
+                f"dataset {self.root}: shard {self.shards[i].file} is damaged: its document offsets start at "
+                f"{base}, not 0; run `chute inspect --verify` on the dataset and write it again"
+            )
         if held != int(self.shard_tokens[i]) or base + held > len(tokens):
             raise ShardError(
                 f"dataset {self.root}: shard {self.shards[i].file} holds {held} tokens, the manifest says "

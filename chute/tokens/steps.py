@@ -62,10 +62,11 @@ def which(
     doc_base = np.zeros(len(view.shards) + 1, dtype=np.int64)
     np.cumsum(_documents(view), out=doc_base[1:])
     out = []
+    shards: dict[int, tuple[int, np.ndarray]] = {}
     for rank in range(world_size):
         pieces: list[Piece] = []
         for position, row in enumerate(order.batch(epoch, step, rank, world_size, 0).tolist()):
-            pieces += _pieces(view, rank, position, int(row), doc_base)
+            pieces += _pieces(view, rank, position, int(row), doc_base, shards)
         out.append(pieces)
     return out
 
@@ -83,7 +84,21 @@ def _documents(view: Any) -> np.ndarray:
     return np.asarray([len(view.source.map(i)[2]) - 1 for i in range(len(view.shards))], dtype=np.int64)
 
 
-def _pieces(view: Any, rank: int, position: int, row: int, doc_base: np.ndarray) -> list[Piece]:
+def _offsets(view: Any, shard: int, shards: dict[int, tuple[int, np.ndarray]]) -> tuple[int, np.ndarray]:
+    """``(base, doc_offsets)`` of a source shard, checked never to decrease (once per shard and call)."""
+    got = shards.get(shard)
+    if got is None:
+        from chute.tokens.sequences import check_documents
+
+        _, base, offsets = view.source.map(shard)
+        if view.pack == "concat":  # pack="documents" checked them in the shard's plan (view._map)
+            check_documents(view.source, shard, offsets)
+        got = shards[shard] = (int(base), offsets)
+    return got
+
+
+def _pieces(view: Any, rank: int, position: int, row: int, doc_base: np.ndarray,
+            shards: dict[int, tuple[int, np.ndarray]]) -> list[Piece]:
     """The document pieces of sequence ``row``: stream (concat) or plan (documents) range, cut at documents."""
     if view.pack == "concat":
         first = row * view.seq_len
@@ -98,17 +113,16 @@ def _pieces(view: Any, rank: int, position: int, row: int, doc_base: np.ndarray)
         shard, local = view.locate(row)
         view._map(shard)
         plan = view._sources[shard][2]
-        base = int(view.source.map(shard)[1])
+        base = _offsets(view, shard, shards)[0]
         spans = [(shard, int(plan[local]) - base, int(plan[local + 1]) - base)]
     pieces = []
     for shard, lo, hi in spans:
-        _, base, offsets = view.source.map(shard)
-        rel = np.asarray(offsets, dtype=np.int64) - int(base)
-        d = int(np.searchsorted(rel, lo, side="right")) - 1
+        base, offsets = _offsets(view, shard, shards)  # searched in place: the mapped offsets are never copied
+        d = int(np.searchsorted(offsets, base + lo, side="right")) - 1
         while lo < hi:
-            while rel[d + 1] <= lo:  # empty documents
+            while int(offsets[d + 1]) - base <= lo:  # empty documents
                 d += 1
-            end = min(hi, int(rel[d + 1]))
-            pieces.append(Piece(rank, position, row, shard, int(doc_base[shard]) + d, lo - int(rel[d]), end - int(rel[d])))
+            begin, end = int(offsets[d]) - base, min(hi, int(offsets[d + 1]) - base)
+            pieces.append(Piece(rank, position, row, shard, int(doc_base[shard]) + d, lo - begin, end - begin))
             lo = end
     return pieces

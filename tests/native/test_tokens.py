@@ -82,6 +82,31 @@ def test_plan_refuses_decreasing_offsets():
 
 
 @SETTINGS
+@given(st.lists(st.integers(-2_000, 2_000) | st.integers(-3, 40), min_size=1, max_size=30), st.integers(1, 40),
+       st.booleans(), st.data())
+def test_plan_refuses_exactly_the_offsets_numpy_finds_decreasing(values, seq_len, sorted_, data):
+    """The plan pass is what checks a token shard's offsets (Arrow's full validation is skipped when a token
+    shard is opened): it must refuse every offsets array that starts below 0 or decreases, at the first bad
+    document, and accept every other one, with or without an ``out`` to fill."""
+    offsets = np.asarray(sorted(values) if sorted_ else values, np.int64)
+    if sorted_ and data.draw(st.booleans()):  # one entry moved: a single local dent
+        k = data.draw(st.integers(0, len(offsets) - 1))
+        offsets[k] += data.draw(st.integers(-50, 50))
+    steps = np.diff(offsets)
+    bad = 0 if offsets[0] < 0 else (int(np.argmax(steps < 0)) if (steps < 0).any() else None)
+    if bad is None:
+        count = _native.tokens_plan(offsets, seq_len)
+        out = np.empty(count + 1, np.int64)
+        assert _native.tokens_plan(offsets, seq_len, out) == count
+        assert out[0] == offsets[0] and out[-1] == offsets[-1] and (np.diff(out) > 0).all() and (np.diff(out) <= seq_len).all()
+        return
+    with pytest.raises(ValueError, match=f"decrease at document {bad} "):
+        _native.tokens_plan(offsets, seq_len)
+    with pytest.raises(ValueError, match=f"decrease at document {bad} "):
+        _native.tokens_plan(offsets, seq_len, np.empty(len(offsets) + 2, np.int64))
+
+
+@SETTINGS
 @given(st.lists(doc_lengths, min_size=1, max_size=4), dtypes, st.integers(1, 40), st.integers(-5, 5), st.integers(0, 2**32), st.data())
 def test_packed_rows_equal_the_reference(shards, dtype, seq_len, pad_id, seed, data):
     sources, expected_rows = [], []
