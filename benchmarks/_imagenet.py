@@ -65,8 +65,9 @@ def _images(bounds: tuple[int, int]) -> list[bytes]:
 
 def dataset(root: str, rows: int = ROWS):
     """The chute dataset and the paths of the blob and offsets files (built on first use)."""
-    import chute
     from _data import warm
+
+    import chute
 
     path = os.path.join(root, "imagenet-like")
     blob, offsets = os.path.join(root, "imagenet-like-blob.bin"), os.path.join(root, "imagenet-like-offsets.npy")
@@ -188,9 +189,8 @@ def scaled_decode_tolerance(crops: int = 120) -> dict:
     from PIL import Image
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from tests.images._data import encode, pixels
-
     from chute.images.plan import Plan, RandomResizedCrop
+    from tests.images._data import encode, pixels
 
     def resample(px: np.ndarray, box: np.ndarray) -> np.ndarray:
         h, w = px.shape[:2]

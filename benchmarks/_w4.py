@@ -127,8 +127,9 @@ def _images(bounds: tuple[int, int]) -> list[bytes]:
 
 def jpeg_dataset(root: str, rows: int = ROWS):
     """The W4 chute dataset and the paths of the blob and offsets files (built on first use)."""
-    import chute
     from _data import warm
+
+    import chute
 
     path = os.path.join(root, "w4")
     blob, offsets = os.path.join(root, "w4-blob.bin"), os.path.join(root, "w4-offsets.npy")

@@ -29,7 +29,6 @@ import time
 import numpy as np
 import torch
 
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _torch  # noqa: E402
 from _data import SHAPES, array_dataset  # noqa: E402

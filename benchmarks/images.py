@@ -96,11 +96,11 @@ IO_EPOCHS = 2  # measured over the second: the tuner goes on from where the firs
 
 def decoded_dataset(root: str):
     """W4's images as stored pixels (``uint8[3, 256, 256]``), decoded as ``chute convert --decode`` decodes them."""
-    import chute
     import numpy as np
     from _data import warm
     from _w4 import jpeg_dataset
 
+    import chute
     from chute.images.codec import Decoder  # what chute convert --decode decodes with
 
     path = os.path.join(root, "w4-decoded")
@@ -122,8 +122,9 @@ def decoded_dataset(root: str):
 
 
 def io_dataset(root: str):
-    import chute
     import numpy as np
+
+    import chute
 
     path = os.path.join(root, f"io-{IO_ROWS}")
     if not os.path.exists(os.path.join(path, "manifest.json")):
@@ -142,9 +143,9 @@ def sleepy(sample: dict) -> dict:
 
 def measure(config: str, data_dir: str) -> dict:
     import torch
+    from _w4 import JpegBlobDataset, decode_sample, jpeg_dataset, limit_2proc
 
     import chute
-    from _w4 import JpegBlobDataset, decode_sample, jpeg_dataset, limit_2proc
 
     if config in ("pillow-2proc", "pillow-draft-2proc") or config.startswith("in-"):
         from _imagenet import dataset as imagenet_dataset

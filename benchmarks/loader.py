@@ -85,9 +85,9 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
     if workload == "w2tune":
         return measure_tune(config, data_dir, epochs)
     import numpy as np
+    from _data import array_dataset, pickle_dataset
 
     import chute
-    from _data import array_dataset, pickle_dataset
 
     batch = BATCH[workload]
     if workload == "w1":
@@ -202,8 +202,9 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
 
 def measure_tune(config: str, data_dir: str, epochs: int) -> dict:
     """W2 through chute.Loader with the autotuner ("chute-auto") or ``workers=N`` ("chute-tN")."""
-    import chute
     from _data import array_dataset
+
+    import chute
 
     ds, _ = array_dataset("w2", data_dir)
     threads = None if config == "chute-auto" else int(config.removeprefix("chute-t"))

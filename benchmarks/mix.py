@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import chute  # noqa: E402
 from _data import SHAPES, array_dataset, warm  # noqa: E402
 from _results import save  # noqa: E402
+
+import chute  # noqa: E402
 from chute.order import Order  # noqa: E402
 
 

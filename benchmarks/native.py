@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-
 from _results import save
+
 from chute import _native
 from chute.order import _permutation_numpy, permutation
 

@@ -131,9 +131,9 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.data_dir, exist_ok=True)
     import torch
+    from _data import array_dataset
 
     import chute
-    from _data import array_dataset
 
     ds, _ = array_dataset("w2", args.data_dir)
     loaders = {

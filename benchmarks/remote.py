@@ -45,11 +45,10 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
+from _results import RESULTS, earlier_rows, save  # noqa: E402
 
 import chute  # noqa: E402
 from chute.order import Order  # noqa: E402
-from _results import RESULTS, earlier_rows, save  # noqa: E402
-
 from tests.servers import HTTPServerProcess, MotoS3Server, s3_client_env  # noqa: E402
 
 ROW = 1 << 20

@@ -54,8 +54,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import chute  # noqa: E402
 from _results import save  # noqa: E402
+
+import chute  # noqa: E402
 from chute.tokens.writer import TokenWriter  # noqa: E402
 
 SEQ_LEN = 2048

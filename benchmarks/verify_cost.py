@@ -33,9 +33,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import chute  # noqa: E402
 from _data import warm  # noqa: E402
 from _results import save  # noqa: E402
+
+import chute  # noqa: E402
 
 
 def make(root: str, kind: str, rows: int) -> str:

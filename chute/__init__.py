@@ -61,16 +61,28 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names above (tests/test_
     from chute import images as images, tokens as tokens
     from chute.device import DeviceLoader as DeviceLoader, to_device as to_device
     from chute.errors import (
-        CacheFullError as CacheFullError, ChuteError as ChuteError, ManifestError as ManifestError,
-        PickleRefusedError as PickleRefusedError, RemoteError as RemoteError, SchemaError as SchemaError,
-        ShardError as ShardError, StallError as StallError, WriteError as WriteError,
+        CacheFullError as CacheFullError,
+        ChuteError as ChuteError,
+        ManifestError as ManifestError,
+        PickleRefusedError as PickleRefusedError,
+        RemoteError as RemoteError,
+        SchemaError as SchemaError,
+        ShardError as ShardError,
+        StallError as StallError,
+        WriteError as WriteError,
     )
     from chute.format.reader import Dataset as Dataset
     from chute.format.schema import (
-        Bytes as Bytes, Json as Json, Map as Map, Ragged as Ragged, Scalar as Scalar, Schema as Schema,
-        String as String, Tensor as Tensor, Nullable as Nullable,
+        Bytes as Bytes,
+        Json as Json,
+        Map as Map,
+        Nullable as Nullable,
+        Ragged as Ragged,
+        Scalar as Scalar,
+        Schema as Schema,
+        String as String,
+        Tensor as Tensor,
     )
-    from chute.storage.write import Writer as Writer, write as write
     from chute.mixture import mix as mix
     from chute.observe import observe as observe
     from chute.pipeline.config import Shuffle as Shuffle, Watchdog as Watchdog, Workers as Workers
@@ -78,6 +90,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names above (tests/test_
     from chute.pipeline.randomness import sample_rng as sample_rng, sample_seed as sample_seed
     from chute.pipeline.torch_iterable import TorchIterable as TorchIterable
     from chute.storage.open import open_dataset as open  # noqa: F401  (in __all__ through _EXPORTS)
+    from chute.storage.write import Writer as Writer, write as write
 
 
 def __getattr__(name: str) -> Any:

@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from chute.device import (

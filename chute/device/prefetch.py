@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from chute.device.copier import DeviceCopier, DeviceLike, resolve_device
 from chute._channel import Channel, Closed, Failure
+from chute.device.copier import DeviceCopier, DeviceLike, resolve_device
 
 CopiedCallback = Callable[[Any, "torch.cuda.Event | None"], None]
 

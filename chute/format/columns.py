@@ -35,9 +35,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from chute.format.schema import Bytes, ColumnType, Json, Map, Nullable, Ragged, Scalar, String, Tensor, storage_dtype
-
 from chute import _native
+from chute.format.schema import Bytes, ColumnType, Json, Map, Nullable, Ragged, Scalar, String, Tensor, storage_dtype
 
 Unmapped = _native.Unmapped
 CorruptShard = _native.CorruptShard

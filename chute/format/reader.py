@@ -30,6 +30,7 @@ import pyarrow as pa
 import torch
 
 from chute.errors import ShardError
+from chute.format import validate
 from chute.format.columns import (
     CorruptShard,
     JsonError,
@@ -40,7 +41,6 @@ from chute.format.columns import (
     reader_for,
     torch_dtype,
 )
-from chute.format import validate
 from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, parse_manifest
 from chute.format.schema import FIXED_SIZE, Scalar, Schema, Tensor
 

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from chute.errors import ChuteError
 from chute._arena import Arena
+from chute.errors import ChuteError
 
 #: Samples whose tensors reach this size are copied into the batch as they come.
 STREAM_BYTES = 64 << 10

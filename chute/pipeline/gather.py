@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from chute.format.reader import Dataset
 from chute._arena import Arena
+from chute.format.reader import Dataset
 
 
 class Gather:

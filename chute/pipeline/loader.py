@@ -18,13 +18,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from chute._state import check_state
-from chute.errors import ChuteError
-from chute.format.reader import Dataset
-from chute.observe.hooks import Hooks
-from chute.pipeline.config import Shuffle, Watchdog, Workers, refuse_habits
-from chute.pipeline.lifecycle import Action, Event, delivering, holds_position
-from chute.pipeline.spec import LoaderSpec
+import chute._arena  # noqa: E402,F401
 
 # What every Loader uses, loaded with this module (``from chute import Loader``) instead of inside
 # the first Loader(): a fresh process's first batch then waits for its own work, not for imports
@@ -32,9 +26,15 @@ from chute.pipeline.spec import LoaderSpec
 import chute.observe.passes  # noqa: E402,F401
 import chute.observe.watchdog  # noqa: E402,F401
 import chute.pipeline.build  # noqa: E402,F401
-import chute._arena  # noqa: E402,F401
 import chute.pipeline.threads  # noqa: E402,F401
 import chute.storage.open  # noqa: E402,F401
+from chute._state import check_state
+from chute.errors import ChuteError
+from chute.format.reader import Dataset
+from chute.observe.hooks import Hooks
+from chute.pipeline.config import Shuffle, Watchdog, Workers, refuse_habits
+from chute.pipeline.lifecycle import Action, Event, delivering, holds_position
+from chute.pipeline.spec import LoaderSpec
 
 log = logging.getLogger("chute")
 

@@ -62,14 +62,12 @@ import weakref
 from multiprocessing import connection, resource_tracker
 from typing import Any
 
+from chute._channel import Failure
 from chute.errors import ChuteError
 from chute.format.schema import FIXED_SIZE
-from chute._channel import Failure
 from chute.pipeline.shm import ALIGN, Ring, slot_bytes
-from chute.pipeline.wire import PROTOCOL as _PROTOCOL
-from chute.pipeline.wire import decode, decode_exception
-from chute.pipeline.worker import STACK_SIGNAL as _STACK_SIGNAL
-from chute.pipeline.worker import worker_main
+from chute.pipeline.wire import PROTOCOL as _PROTOCOL, decode, decode_exception
+from chute.pipeline.worker import STACK_SIGNAL as _STACK_SIGNAL, worker_main
 
 _STOP_GRACE = 1.0  # seconds a stopped worker gets to exit on its own before it is terminated
 #: Pseudo thread id of the spans worker processes report, in the trace.

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from chute.errors import ChuteError, StallError
 from chute._channel import Channel, Closed
+from chute.errors import ChuteError, StallError
 from chute.pipeline.lifecycle import Action, Event, State, after
 
 log = logging.getLogger("chute")

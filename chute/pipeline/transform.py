@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from chute._arena import Arena
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
 from chute.format.schema import Scalar
-from chute._arena import Arena
 from chute.pipeline.collate import Collate
 from chute.pipeline.randomness import scope, uniform
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from chute.errors import ChuteError
 from chute._arena import Arena
+from chute.errors import ChuteError
 from chute.pipeline.shm import Segment, align
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from chute.errors import ChuteError
 from chute._arena import Arena
+from chute.errors import ChuteError
 from chute.pipeline.gather import Gather
 from chute.pipeline.indices import BatchIndices
 from chute.pipeline.shm import Segment

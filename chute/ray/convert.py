@@ -17,10 +17,10 @@ from typing import Any
 import ray
 
 import chute
+from chute._sizes import parse_size
 from chute.errors import ChuteError
 from chute.format.schema import ColumnType, Schema, infer_schema
 from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE
-from chute._sizes import parse_size
 from chute.ray.sink import ChuteDatasink, run
 from chute.sources.parts import plan
 

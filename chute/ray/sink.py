@@ -29,14 +29,14 @@ from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
 import chute
+from chute._sizes import parse_size
 from chute.errors import ChuteError, SchemaError
 from chute.format.manifest import Manifest, ShardInfo
 from chute.format.schema import ColumnType, Schema
 from chute.format.writer import DEFAULT_SHARD_SIZE, TMP_SUFFIX, ShardWriter
-from chute.storage.write import Writer, destination
 from chute.ray.columns import block_samples, chute_schema, plan_block_columns
-from chute._sizes import parse_size
 from chute.storage.remote import Remote, is_remote
+from chute.storage.write import Writer, destination
 
 if TYPE_CHECKING:
     from chute.sources.parts import SourcePlan

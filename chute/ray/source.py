@@ -20,8 +20,8 @@ from ray.data.block import Block, BlockAccessor, BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from chute.format.reader import Dataset
-from chute.storage.open import open_dataset
 from chute.format.schema import FIXED_SIZE
+from chute.storage.open import open_dataset
 
 DEFAULT_BLOCK_BYTES = 64 << 20
 

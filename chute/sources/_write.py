@@ -18,12 +18,12 @@ from typing import Any
 
 import chute
 from chute.errors import SchemaError
-from chute.storage.open import open_dataset
 from chute.format.infer import InferenceError
 from chute.format.schema import ColumnType, Schema
 from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE
-from chute.storage.write import Writer
 from chute.sources._progress import Progress
+from chute.storage.open import open_dataset
+from chute.storage.write import Writer
 
 __all__ = ["DEFAULT_SHARD_SIZE", "write_samples"]
 

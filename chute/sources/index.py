@@ -37,13 +37,13 @@ from typing import Any
 import chute
 from chute.errors import ChuteError
 from chute.format.infer import Column, InferenceError, Summary, extract
-from chute.sources._dicts import plan_columns, rounded, rounding
 from chute.format.schema import ColumnType, Scalar, String
+from chute.sources._dicts import plan_columns, rounded, rounding
 from chute.sources._files import is_pickle, load_indexed_file, pickle_refused
 from chute.sources._hints import FixableError, from_inference
-from chute.sources._remote import is_remote, join_url, read_url, split_url, url_exists
 from chute.sources._parallel import OrderedPool, call_chunk, chunk_size_for, chunked
 from chute.sources._progress import Progress
+from chute.sources._remote import is_remote, join_url, read_url, split_url, url_exists
 from chute.sources._write import DEFAULT_SHARD_SIZE, write_samples
 
 DATA_COLUMN = "data"

@@ -24,7 +24,7 @@ import chute
 from chute.errors import ChuteError
 from chute.format.infer import InferenceError, Summary, extract
 from chute.format.schema import ColumnType
-from chute.sources._dicts import DATA_COLUMN, plan_columns, rounding, rounded
+from chute.sources._dicts import DATA_COLUMN, plan_columns, rounded, rounding
 from chute.sources._hints import from_inference
 from chute.sources._progress import Progress
 from chute.sources._remote import is_remote, local_copy

@@ -32,7 +32,6 @@ from chute.observe import inflight
 from chute.order import Order
 from chute.storage.cache import CacheFullError, ShardCache
 
-
 #: How long close() waits for download threads to finish their current request (a hung
 #: request is left to its socket timeout, in a daemon thread).
 _JOIN_TIMEOUT = 2.0

@@ -24,12 +24,12 @@ import numpy as np
 import pyarrow as pa
 
 from chute import _native
+from chute._sizes import parse_size
 from chute.errors import ChuteError, SchemaError
 from chute.format.manifest import Manifest
 from chute.format.schema import Ragged, Schema
 from chute.format.writer import ShardWriter
 from chute.storage.write import Writer
-from chute._sizes import parse_size
 
 __all__ = ["TokenWriter", "write", "METADATA_KEY", "COLUMN", "dtype_for"]
 

@@ -133,8 +133,8 @@ def run(
     """
     from chute.format.reader import Dataset
     from chute.pipeline.config import Workers
-    from chute.storage.open import open_dataset
     from chute.pipeline.loader import Loader
+    from chute.storage.open import open_dataset
 
     if epochs is None and seconds is None and max_batches is None:
         raise ValueError("give epochs, seconds or max_batches: a run must end")

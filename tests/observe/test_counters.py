@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import chute
+from chute._channel import Channel
 from chute.errors import ChuteError
 from chute.observe.counters import Counters
-from chute._channel import Channel
 from chute.pipeline.threads import ThreadExecutor
 
 N = 600

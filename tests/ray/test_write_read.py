@@ -7,7 +7,6 @@ import os
 import numpy as np
 import pytest
 
-
 ROWS = 20_000
 ROW_BYTES = 3 * 4 * 4 + 8  # x: uint8[3, 4, 4], id: int64
 
