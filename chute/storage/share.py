@@ -523,6 +523,10 @@ class Sharing:
             return self._id is not None and any(s.waiting for s in self._others().values())
 
 
+#: How long :meth:`_Listener.end` waits for the listener thread before leaving the bell to it.
+_LISTENER_JOIN_S = 10.0
+
+
 class _Listener:
     """The thread that waits on a member's doorbell and calls ``on_ring`` for every ring."""
 
@@ -530,7 +534,9 @@ class _Listener:
         self.bell = bell
         self.on_ring = on_ring
         self.stop = threading.Event()
-        self._closes_itself = False
+        self._lock = threading.Lock()
+        self._closes_itself = False  # the thread closes the bell when it ends (end() did not wait for it)
+        self._done = False
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -544,20 +550,28 @@ class _Listener:
                 if not self.stop.is_set():
                     self.on_ring()
         finally:
-            if self._closes_itself:
+            with self._lock:
+                self._done = True
+                close = self._closes_itself
+            if close:
                 os.close(self.bell)
 
     def end(self) -> None:
-        """Stop the thread and close the doorbell (from any thread, the listener's own included)."""
+        """Stop the thread and close the doorbell (from any thread, the listener's own included):
+        exactly one of the two closes it, the thread itself if it has not ended within 10 s."""
         self.stop.set()
         if self.thread is threading.current_thread():
-            self._closes_itself = True  # seen at the top of its loop
+            with self._lock:
+                self._closes_itself = True  # seen at the top of its loop
             return
         with contextlib.suppress(OSError):
             os.write(self.bell, b"\0")
-        self.thread.join(timeout=10.0)
-        if not self.thread.is_alive():
-            os.close(self.bell)
+        self.thread.join(timeout=_LISTENER_JOIN_S)
+        with self._lock:
+            if not self._done:  # still in on_ring: it closes the bell when it gets out
+                self._closes_itself = True
+                return
+        os.close(self.bell)
 
 
 __all__ = ["Sharing", "cache_lock", "fair_leases", "DEAD_PEER_CHECK_S"]
