@@ -64,6 +64,7 @@ def _close_at_exit(run: Pass) -> None:
     A pass left suspended (a loop that broke out and kept the iterator) would
     otherwise have its workers killed mid-task when the interpreter exits.
     """
+    assert run.channel is not None  # the stages are made
     weakref.finalize(run, _stop_stages, run.channel, run.executor, run.fetcher)
 
 

@@ -19,6 +19,7 @@ the sample and says what to do, instead of a traceback from deep inside torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,7 @@ class Collate:
         self.samples: list[Any] = []
         self.count = 0
         self.stream: dict[Any, torch.Tensor] | None = None  # key (None for a bare tensor) -> block, when streaming
-        self.add = self._first
+        self.add: Callable[[Any], None] = self._first
 
     # ------------------------------------------------------------------ collecting
 
@@ -78,6 +79,7 @@ class Collate:
         """Copy the sample's large tensors into their slot now; keep the rest of it for ``result``."""
         j = self.count
         stream = self.stream
+        assert stream is not None  # set by _first before it makes this method the adder
         if None in stream:
             if not (_stackable(sample) and sample.shape == stream[None].shape[1:] and sample.dtype == stream[None].dtype):
                 self._unstream(sample)
@@ -90,7 +92,7 @@ class Collate:
                 return
             rest = dict(sample)
             for key, block in stream.items():
-                value = rest.get(key)
+                value: Any = rest.get(key)
                 if not (_stackable(value) and value.shape == block.shape[1:] and value.dtype == block.dtype):
                     self._unstream(sample)
                     return
@@ -102,7 +104,8 @@ class Collate:
     def _unstream(self, sample: Any) -> None:
         """A sample that does not fit the blocks: go back to plain samples (the copied ones as views of their slot)."""
         stream, self.stream = self.stream, None
-        restored = []
+        assert stream is not None
+        restored: list[Any] = []
         for j, kept in enumerate(self.samples):
             if None in stream:
                 restored.append(stream[None][j])

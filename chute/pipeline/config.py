@@ -149,7 +149,9 @@ class Watchdog:
 
 
 def check_batch_size(batch_size: Any) -> int:
-    return positive_int(batch_size, "batch_size")
+    checked = positive_int(batch_size, "batch_size")
+    assert checked is not None  # None only with allow_none
+    return checked
 
 
 def check_shuffle(shuffle: Any) -> Shuffle | None:
@@ -162,7 +164,7 @@ def check_shuffle(shuffle: Any) -> Shuffle | None:
 
 
 def check_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**63:
         raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     return int(seed)
 

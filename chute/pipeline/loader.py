@@ -113,7 +113,7 @@ class Loader:
 
             check_picklable(self.fns)  # a lambda fails here, not at the first batch
         self.device = device
-        self._copier_ = None
+        self._copier_: Any = None
         if device is not None:
             from chute.device import resolve_device
 
@@ -127,7 +127,7 @@ class Loader:
         self.epoch = 0
         self._start = 0  # position in the global order where the next pass starts
         self._pass: Any = None  # the last pass started; its state (chute.pipeline.lifecycle) says what it holds
-        self._processes = None
+        self._processes: Any = None
         self._start_method = "spawn"  # of worker processes ("fork" only in tests: unsafe with threads and torch)
         self._epoch_shards: tuple[int, list[int]] | None = None  # progressive: (epoch, its shards) from a loaded state
         self.skipped: list[int] = []
@@ -236,7 +236,7 @@ class Loader:
         if consumed >= order.num_rows and order.num_rows:
             epoch, consumed, shards = epoch + 1, 0, None
         if self._progressive is not None:
-            state = self.order.state(epoch, 0)  # the whole dataset's identity ...
+            state: dict[str, Any] = self.order.state(epoch, 0)  # the whole dataset's identity ...
             state["consumed"] = consumed if shards is not None else 0  # ... and the position in this epoch's set
             state["progressive_shards"] = shards
         else:

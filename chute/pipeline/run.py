@@ -115,6 +115,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
     if run.executor is None:  # (its START event opens the report's window before the stages start)
         loader._start_pass(run)
     channel, executor, fetcher, n = run.channel, run.executor, run.fetcher, run.steps
+    assert channel is not None  # made by the pass's start
     take, submit = channel.take, executor.submit
     submitted = _prime(executor, n)
     clock = time.perf_counter_ns
@@ -136,6 +137,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
             if run.state is restarting:  # set_weights: what was built ahead is stale; go on from what was received
                 run.restart()
                 channel, executor, fetcher, n = run.channel, run.executor, run.fetcher, run.steps
+                assert channel is not None
                 take, submit = channel.take, executor.submit
                 submitted, step = _prime(executor, n), 0
                 continue

@@ -21,7 +21,7 @@ import itertools
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chute._channel import Channel, Failure
 
@@ -38,6 +38,7 @@ def _work(tasks: queue.SimpleQueue, task: BatchTask, channel: Channel, stage: St
     get, put = tasks.get, channel.put
     w = task.register(threading.get_ident())
     cell = stage.cell() if stage is not None else None
+    item: Any  # a batch, or the Failure delivered in its place
     idle = clock()
     while True:
         step = get()

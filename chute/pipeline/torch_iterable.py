@@ -68,7 +68,7 @@ class EpochCounter:
     def __deepcopy__(self, memo: dict) -> EpochCounter:
         """A copy counts its own passes, from where this one is."""
         with self._shared.get_lock():
-            return EpochCounter(tuple(self._shared))
+            return EpochCounter(tuple(self._shared[:]))
 
     def set(self, epoch: int) -> None:
         """The next pass runs ``epoch``."""

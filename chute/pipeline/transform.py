@@ -150,7 +150,8 @@ class Transform:
         collate_ns = 0
         if fns.batched:
             ctx = BatchContext(indices, epoch, self.seed, self.pool, fns.on_error, self.describe)
-            batch = fns.transform.transform_batch(batch, ctx)
+            batched: Any = fns.transform  # batched: it has transform_batch
+            batch = batched.transform_batch(batch, ctx)
             if ctx.skipped:
                 skipped = [int(indices[j]) for j in ctx.skipped]
         elif fns.per_sample:
@@ -215,7 +216,8 @@ class Transform:
         elif not kept:
             return None, skipped, 0
         else:
-            batch = fns.collate(kept)
+            user_collate: Any = fns.collate  # set whenever the streaming collate is not used
+            batch = user_collate(kept)
         return batch, skipped, time.perf_counter_ns() - began
 
     def _origin(self, rows: list[int]) -> Callable[[int], str]:

@@ -92,8 +92,9 @@ def encode(value: Any, segment: Segment | None) -> tuple[bytes, list | None, byt
         end = align(end + t.numel() * t.element_size())
     if pickler.tensors and (segment is None or end > segment.size):
         return buffer.getvalue(), None, pickle.dumps(pickler.tensors, _PROTOCOL), end
+    into: Any = segment  # not None when there are tensors (returned above otherwise)
     for (offset, shape, dtype), t in zip(layout, pickler.tensors):
-        segment.view(offset, shape, dtype).copy_(t)
+        into.view(offset, shape, dtype).copy_(t)
     return buffer.getvalue(), layout, None, end
 
 
@@ -108,7 +109,8 @@ def decode(
     if inline is not None:
         tensors = pickle.loads(inline)
     else:
-        tensors = [copy_out(segment.view(offset, shape, dtype), buffers) for offset, shape, dtype in layout or ()]
+        source: Any = segment  # not None when the layout names tensors in it
+        tensors = [copy_out(source.view(offset, shape, dtype), buffers) for offset, shape, dtype in layout or ()]
     return TensorUnpickler(io.BytesIO(payload), tensors).load()
 
 
