@@ -72,7 +72,8 @@ def convert(
             FutureWarning,
             stacklevel=2,
         )
-        # looked up by name, not imported: sources sits below ray (tests/test_layers.py); goes with ray= in 0.2
+        # the one import of a higher layer left (sources sits below ray): listed in tests/test_layers.py
+        # KNOWN with its removal version, 0.2, when it goes with ray=
         convert_on_ray = importlib.import_module("chute.ray").convert_on_ray
         return convert_on_ray(
             src, dst, address=ray, kind=kind, allow_pickle=allow_pickle, shard_size=shard_size, overwrite=overwrite, **kind_specific
