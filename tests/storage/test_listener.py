@@ -20,9 +20,12 @@ def _is_open(fd: int) -> bool:
 
 
 @pytest.fixture
-def bell():
-    read, write = os.pipe()
-    os.set_blocking(read, False)
+def bell(tmp_path):
+    """A doorbell as a member makes it (a FIFO opened read-write, non-blocking), and a ringer's end."""
+    path = str(tmp_path / "member.bell")
+    os.mkfifo(path, 0o600)
+    read = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    write = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
     yield read, write
     os.close(write)
     if _is_open(read):
@@ -31,10 +34,11 @@ def bell():
 
 def test_end_closes_the_bell_of_an_idle_listener(bell):
     read, write = bell
-    rings = []
-    listener = share._Listener(read, lambda: rings.append(1), "chute-test-bell")
+    rang = threading.Event()
+    listener = share._Listener(read, rang.set, "chute-test-bell")
     os.write(write, b"\0")
-    listener.end()
+    assert rang.wait(60)  # the ring was handled: the thread goes back to waiting on the bell
+    listener.end()  # wakes it through the bell and joins it
     assert not listener.thread.is_alive()
     assert not _is_open(read)
 
