@@ -83,6 +83,18 @@ def loader(ds: chute.Dataset, batch_size: int = BATCH, **kwargs: Any) -> chute.L
     return chute.Loader(ds, batch_size, **kwargs)
 
 
+def stated_minimum(url: str, cache_dir: str) -> int:
+    """The cache_limit a default loader of the dataset at ``url`` says it needs (its CacheFullError's figure)."""
+    small = chute.open(url, cache_dir=cache_dir, cache_limit=30_000)
+    try:
+        loader(small)
+    except chute.CacheFullError as exc:
+        match = re.search(r"at least ([\d,]+) bytes", str(exc))
+        assert match, exc
+        return int(match.group(1).replace(",", ""))
+    raise AssertionError(f"a cache of 30,000 bytes was enough for {url}: use a larger dataset")
+
+
 def cache_bytes(cache_dir: str) -> int:
     """Bytes of shard data under ``cache_dir``: complete shards and ``.part`` downloads, not locks.
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import select
 import signal
 import subprocess
@@ -21,9 +20,8 @@ import time
 
 import pytest
 
-import chute
 from tests.servers import REPO_ROOT
-from tests.storage._helpers import loader, native_stacks, write_dataset
+from tests.storage._helpers import native_stacks, stated_minimum, write_dataset
 
 #: Seconds a process may take to start (import torch, open the dataset, read its first batches) and to exit.
 START_S = 300.0
@@ -37,15 +35,6 @@ def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("exit") / "ds"
     write_dataset(str(root))
     return str(root)
-
-
-def _minimum(url: str, cache_dir: str) -> int:
-    small = chute.open(url, cache_dir=cache_dir, cache_limit=30_000)
-    with pytest.raises(chute.CacheFullError) as info:
-        loader(small)
-    match = re.search(r"at least ([\d,]+) bytes", str(info.value))
-    assert match, info.value
-    return int(match.group(1).replace(",", ""))
 
 
 def _ring_all(cache_dir: str, times: int) -> None:
@@ -64,7 +53,7 @@ def test_a_process_stopped_and_continued_while_others_wait_for_its_lease_exits(h
 
     shutil.copytree(dataset, http_server.root / "ds")
     url = http_server.url + "ds"
-    limit = _minimum(url, str(tmp_path / "probe")) * 3 // 2  # one loader fits, a second must wait
+    limit = stated_minimum(url, str(tmp_path / "probe")) * 3 // 2  # one loader fits, a second must wait
     cache_dir = str(tmp_path / "cache")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     err_path = tmp_path / "stderr"

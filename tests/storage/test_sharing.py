@@ -22,7 +22,16 @@ import pytest
 
 import chute
 from tests.servers import REPO_ROOT
-from tests.storage._helpers import assert_same_epoch, cache_bytes, chute_threads, loader, local_epochs, part_files, write_dataset
+from tests.storage._helpers import (
+    assert_same_epoch,
+    cache_bytes,
+    chute_threads,
+    loader,
+    local_epochs,
+    part_files,
+    stated_minimum,
+    write_dataset,
+)
 
 PROCESSES = 4
 EPOCHS = 2
@@ -36,15 +45,6 @@ def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("share") / "ds"
     write_dataset(str(root))
     return str(root)
-
-
-def _stated_minimum(url: str, cache_dir: str) -> int:
-    small = chute.open(url, cache_dir=cache_dir, cache_limit=30_000)
-    with pytest.raises(chute.CacheFullError) as info:
-        loader(small)
-    match = re.search(r"at least ([\d,]+) bytes", str(info.value))
-    assert match, info.value
-    return int(match.group(1).replace(",", ""))
 
 
 class _Monitor:
@@ -111,7 +111,7 @@ def test_four_processes_with_different_orders_share_a_limited_cache(http_server,
     shutil.copytree(dataset, http_server.root / "ds")
     url = http_server.url + "ds"
     total = chute.open(dataset).nbytes
-    limit = int(total * 0.4) if limit_kind.startswith("40%") else _stated_minimum(url, str(tmp_path / "probe"))
+    limit = int(total * 0.4) if limit_kind.startswith("40%") else stated_minimum(url, str(tmp_path / "probe"))
     cache_dir = str(tmp_path / "shared-cache")
     monitor = _Monitor(cache_dir)
     try:
@@ -137,7 +137,7 @@ def test_a_process_killed_holding_its_lease_frees_it_for_a_waiting_one(http_serv
 
     shutil.copytree(dataset, http_server.root / "ds")
     url = http_server.url + "ds"
-    limit = _stated_minimum(url, str(tmp_path / "probe"))
+    limit = stated_minimum(url, str(tmp_path / "probe"))
     cache_dir = str(tmp_path / "shared-cache")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     holder = subprocess.Popen(
@@ -237,7 +237,7 @@ def test_worker_processes_read_under_their_loaders_lease(http_server, dataset, t
 
     shutil.copytree(dataset, http_server.root / "ds")
     url = http_server.url + "ds"
-    limit = _stated_minimum(url, str(tmp_path / "probe"))
+    limit = stated_minimum(url, str(tmp_path / "probe"))
     ds = chute.open(url, cache_dir=tmp_path / "cache", cache_limit=limit)
     ld = loader(ds, seed=12, workers=chute.Workers("processes", count=3), watchdog=chute.Watchdog(120, on_stall="raise"))
     assert_same_epoch(epoch_columns(ld), local_epochs(dataset, 1, seed=12)[0])
