@@ -27,9 +27,11 @@ Every failure is a :class:`chute.ShardError` naming the shard and the dataset.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -183,6 +185,7 @@ def check_empty_shards(root: str, manifest: Manifest, where: str) -> None:
 
 #: Most markers kept in one dataset directory's bucket; past it the oldest go (each marker saves one hash).
 MAX_MARKERS = 100_000
+HASH_WAIT = 60.0  # s: the longest a process waits for another one hashing the same shard, then hashes it itself
 
 
 class ShardChecks:
@@ -202,10 +205,19 @@ class ShardChecks:
     look into a bucket in a process removes the markers of files that are gone
     or changed, and buckets of directories that are gone, so the markers never
     outnumber the shard files checked (plus those checked since).
+
+    Processes that open a dataset at once (the ranks of a job) share the work:
+    a process that finds no marker takes the shard's lock file (``flock`` on
+    ``.<file>.lock`` beside the marker) before hashing, so a second one waits
+    for the first's marker instead of hashing the same bytes again; each shard
+    is hashed once on the machine, not once per rank. A lock held past
+    ``HASH_WAIT`` seconds (its holder stopped) is not waited for any longer.
+    ``hashed`` counts the shards this object hashed.
     """
 
     def __init__(self, verify: bool = True) -> None:
         self.verify = bool(verify)
+        self.hashed = 0
         self._done: set[tuple[int, ...]] = set()
         self._pruned: set[str] = set()
         self._lock = threading.Lock()
@@ -223,12 +235,18 @@ class ShardChecks:
             return
         marker = _marker_path(path)
         record = _record(identity, info)
-        if marker is not None:
-            self._prune_once(os.path.dirname(marker))
-            if _read(marker) == record:
+        if marker is None:
+            check_bytes(mapped, path, info, where)
+            self.hashed += 1
+            return
+        self._prune_once(os.path.dirname(marker))
+        if _read(marker) == record:
+            return
+        with _hashing(marker):
+            if _read(marker) == record:  # another process hashed it while this one waited
                 return
-        check_bytes(mapped, path, info, where)
-        if marker is not None:
+            check_bytes(mapped, path, info, where)
+            self.hashed += 1
             _write_marker(marker, record, os.path.dirname(os.path.realpath(path)))
 
     def structure(self, batches: list[pa.RecordBatch], mapped: pa.MemoryMappedFile, info: ShardInfo, schema: Schema,
@@ -278,6 +296,45 @@ def _marker_path(path: str) -> str | None:
     return os.path.join(root, "verified", _bucket_name(directory), name)
 
 
+def _lock_path(marker: str) -> str:
+    return os.path.join(os.path.dirname(marker), f".{os.path.basename(marker)}.lock")
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@contextlib.contextmanager
+def _hashing(marker: str) -> Iterator[None]:
+    """Hold the lock of the shard behind ``marker`` (another process hashing it: wait, up to ``HASH_WAIT``).
+    Without a usable lock file (no fcntl, a read-only cache) nothing is held: the shard is hashed anyway."""
+    try:
+        import fcntl
+
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        fd = os.open(_lock_path(marker), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        deadline = time.monotonic() + HASH_WAIT
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                _pause(pause)
+                pause = min(2 * pause, 0.05)
+            except OSError:
+                break
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as f:
@@ -307,14 +364,20 @@ def _atomic_write(path: str, text: str) -> None:
 
 
 def prune_markers(bucket: str) -> int:
-    """Remove the markers in ``bucket`` whose shard file is gone or changed, the oldest past
-    ``MAX_MARKERS``, and the buckets beside it whose dataset directory is gone; how many went."""
+    """Remove the markers in ``bucket`` whose shard file is gone or changed (and the lock files of those
+    gone), the oldest past ``MAX_MARKERS``, and the buckets beside it whose dataset directory is gone; how
+    many markers went."""
     removed = 0
     directory = _read(os.path.join(bucket, ".dir"))
     try:
-        names = [n for n in os.listdir(bucket) if not n.startswith(".")]
+        entries = os.listdir(bucket)
     except OSError:
-        names = []
+        entries = []
+    names = [n for n in entries if not n.startswith(".")]
+    for lock in entries:  # the lock files of shard files that are gone
+        if lock.startswith(".") and lock.endswith(".lock") and directory:
+            if not os.path.exists(os.path.join(directory, lock[1:-5])):
+                _unlink(os.path.join(bucket, lock))
     live = []
     for name in names:
         marker = os.path.join(bucket, name)

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -125,3 +126,68 @@ def test_the_hash_covers_the_bytes_the_reader_maps_not_what_the_path_names_later
     checks.bytes(again, path, info, "test")
     again.close()
     assert _read_in_another_process(ds.root) == "ok"
+
+
+def test_a_process_waits_for_another_hashing_the_same_shard_instead_of_hashing_it_again(tmp_path, cache_dir,
+                                                                                         monkeypatch):
+    ds = chute.write(_samples(), tmp_path / "ds", shard_size=600)
+    info = ds.shards[0]
+    path = os.path.join(ds.root, info.file)
+    marker = validate._marker_path(path)
+    waiting, go = threading.Event(), threading.Event()
+
+    def pause(seconds):  # the waiter's poll: say it is waiting, then wait for the test's go
+        waiting.set()
+        assert go.wait(60)
+
+    monkeypatch.setattr(validate, "_pause", pause)
+    mapped = pa.memory_map(path, "r")
+    checks = validate.ShardChecks(verify=True)
+    errors = []
+
+    def read():
+        try:
+            checks.bytes(mapped, path, info, "test")
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    with validate._hashing(marker):  # "another process" is hashing shard 0
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert waiting.wait(60), "the reader hashed the shard instead of waiting for the lock"
+        record = validate._record(validate._identity(mapped.fileno()), info)
+        validate._write_marker(marker, record, os.path.dirname(os.path.realpath(path)))
+    go.set()
+    reader.join(60)
+    mapped.close()
+    assert not reader.is_alive() and not errors
+    assert checks.hashed == 0  # it read the other's marker
+
+
+_HASH_COUNT = """
+import chute, os, sys, time
+while not os.path.exists(sys.argv[2]):  # every process starts reading at once
+    time.sleep(0.001)
+ds = chute.open(sys.argv[1])
+ds.get_batch(list(range(len(ds))))
+print(ds._checks.hashed)
+"""
+
+
+def test_processes_opening_a_dataset_at_once_hash_each_shard_once_in_all(tmp_path, cache_dir):
+    ds = chute.write(_samples(400), tmp_path / "ds", shard_size=2_000)
+    gate = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _HASH_COUNT, ds.root, str(gate)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=dict(os.environ)) for _ in range(4)]
+    gate.touch()
+    counts = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        counts.append(int(out))
+    assert sum(counts) == len(ds.shards), counts  # once per shard on the machine, not once per process
+    assert len(_markers(cache_dir)) == len(ds.shards)
+    shutil.rmtree(ds.root)  # gone: its markers and lock files go at the next look into verified/
+    chute.write(_samples(), tmp_path / "other", shard_size=600).get_batch([0])
+    left = [p.name for p in (cache_dir / "verified").rglob("*") if p.is_file() and p.name != ".dir"]
+    assert len(left) == 2 and sorted(n.endswith(".lock") for n in left) == [False, True], left
