@@ -97,12 +97,15 @@ def check_picklable(fns: Any) -> None:
 class _Worker:
     """The main process's handle on one worker: process, pipe and the tasks it has not answered."""
 
-    __slots__ = ("process", "conn", "tasks", "ready", "eof", "stacks")
+    __slots__ = ("process", "pid", "conn", "tasks", "ready", "eof", "stacks")
 
     def __init__(
         self, process: multiprocessing.process.BaseProcess, conn: connection.Connection, stacks: connection.Connection | None = None
     ) -> None:
+        pid = process.pid
+        assert pid is not None, "the process is started"
         self.process = process
+        self.pid = pid
         self.conn = conn
         self.stacks = stacks  # read end of the worker's stack-dump pipe
         self.tasks: collections.deque[tuple[int, int, int, int]] = collections.deque()  # (pass, epoch, step, slot)
@@ -230,7 +233,7 @@ class _PassRun:
         self.failure: BaseException | None = None  # what ended the pass; every step owed or submitted later raises it
         self._lock = threading.Lock()  # submit vs fail: no step may fall between them
         self._wake_r, self._wake_w = os.pipe()
-        self._counted = None
+        self._counted: tuple[Any, Any] | None = None  # the read and transform cells of the counters
         self.thread = threading.Thread(target=self._pump, name=f"chute-procs-r{pool.rank}", daemon=True)
         self.thread.start()
 
@@ -278,13 +281,13 @@ class _PassRun:
                 self._send()
                 workers = pool._running.workers
                 handles: list[Any] = [self._wake_r]
-                by_handle: dict[Any, Any] = {}
-                for w in workers:
-                    by_handle[w.process.sentinel] = w
-                    handles.append(w.process.sentinel)
-                    if not w.eof:
-                        by_handle[w.conn] = w
-                        handles.append(w.conn)
+                by_handle: dict[Any, _Worker] = {}
+                for worker in workers:
+                    by_handle[worker.process.sentinel] = worker
+                    handles.append(worker.process.sentinel)
+                    if not worker.eof:
+                        by_handle[worker.conn] = worker
+                        handles.append(worker.conn)
                 ready = connection.wait(handles)
                 if self._wake_r in ready:
                     os.read(self._wake_r, 1 << 16)
@@ -316,6 +319,7 @@ class _PassRun:
         """Send queued steps while a ring slot is free."""
         pool = self.pool
         ring = pool._running.ring
+        assert ring is not None, "the workers run"
         while self.queued:
             slot = ring.take()
             if slot is None:
@@ -323,6 +327,7 @@ class _PassRun:
             step = self.queued.popleft()
             worker = pool._pick()
             segment = ring.segments[slot]
+            assert segment is not None, "take() made it"
             try:
                 worker.conn.send(("task", self.id, self.epoch, self.start, step, slot, segment.name, segment.size))
             except OSError:
@@ -336,6 +341,7 @@ class _PassRun:
         """A worker's reply for ``step``: decode it into the Loader's blocks and put it in the channel."""
         ring = self.pool._running.ring
         self.sent.discard(step)
+        assert ring is not None, "the workers run"
         try:
             if reply[0] == "error":
                 item: Any = Failure(decode_exception(reply[1], reply[2]))
@@ -397,7 +403,8 @@ class ProcessPool:
     ) -> None:
         check_picklable(fns)
         try:  # a copy of the order without its memo of window permutations
-            order_copy = dataclasses.replace(order) if dataclasses.is_dataclass(order) else order
+            copyable = dataclasses.is_dataclass(order) and not isinstance(order, type)  # an instance, not a class
+            order_copy = dataclasses.replace(order) if copyable else order
             self._setup = pickle.dumps((dataset, order_copy, fns, rank, world_size, columnar), _PROTOCOL)
         except Exception as exc:
             raise ChuteError(f"cannot send the dataset and functions to the worker processes: {exc}. {_GUARD_ADVICE}") from exc
@@ -420,7 +427,7 @@ class ProcessPool:
     @property
     def pids(self) -> list[int]:
         """Process ids of the running workers."""
-        return [w.process.pid for w in self._running.workers]
+        return [w.pid for w in self._running.workers]
 
     # ------------------------------------------------------------------ for the hang watchdog (any thread)
 
@@ -430,7 +437,7 @@ class ProcessPool:
         for w in list(self._running.workers):
             with contextlib.suppress(ValueError):  # closed meanwhile by a shutdown in another thread
                 code = w.process.exitcode
-                out.append(WorkerStatus(w.process.pid, code is None, code, [task[2] for task in list(w.tasks)], w.ready))
+                out.append(WorkerStatus(w.pid, code is None, code, [task[2] for task in list(w.tasks)], w.ready))
         return out
 
     def dump_stacks(self, timeout: float = 2.0, quiet: float = 0.2) -> dict[int, str]:
@@ -451,8 +458,8 @@ class ProcessPool:
                 if w.stacks is None or not w.ready or w.process.exitcode is not None:
                     continue  # not started yet: SIGUSR1 would kill it before faulthandler is set up
                 _read_available(w.stacks, 0.0, 0.0)  # a late answer to an earlier request
-                os.kill(w.process.pid, _STACK_SIGNAL)
-                asked.append((w.process.pid, w.stacks))
+                os.kill(w.pid, _STACK_SIGNAL)
+                asked.append((w.pid, w.stacks))
         return {pid: _read_available(stacks, timeout, quiet).decode("utf-8", "replace") for pid, stacks in asked}
 
     # ------------------------------------------------------------------ passes
@@ -513,6 +520,7 @@ class ProcessPool:
         _, pass_id, step, slot = message[:4]
         w.tasks.popleft()
         ring = self._running.ring
+        assert ring is not None, "the workers run"
         reply = message[4] if kind == "reply" else None
         if reply is not None and reply[0] == "ok":
             ring.fit(reply[4])

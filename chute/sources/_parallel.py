@@ -27,7 +27,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from chute.errors import ChuteError
 
 T = TypeVar("T")
 R = TypeVar("R")
+C = TypeVar("C")  # a chunk OrderedPool.map hands to its function
 
 MAX_CHUNK = 256
 MIN_CHUNK = 8
@@ -161,9 +162,9 @@ class OrderedPool:
                 process.terminate()
         executor.shutdown(wait=True, cancel_futures=True)
 
-    def map(self, fn: Callable[[Sequence[T]], list[R]], chunks: Iterable[Sequence[T]]) -> Iterator[R]:
+    def map(self, fn: Callable[[C], list[R]], chunks: Iterable[C]) -> Generator[R, None, None]:
         """Yield ``fn(chunk)``'s results, chunk after chunk, in the order of ``chunks``."""
-        chunk: Sequence[T] | None
+        chunk: C | None
         if self._executor is None:
             for chunk in chunks:
                 yield from fn(chunk)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import math
@@ -200,7 +201,8 @@ class ShardCache:
         self._inherited = True
         self.direct = DirectReads(self)
         if self.sharing is not None:
-            self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=self.sharing.direct_minimum)
+            self.sharing = Sharing(self.cache_dir, self.sharing.limit, name="chute-share",
+                                   direct_minimum=self.sharing.direct_minimum)
 
     def __repr__(self) -> str:
         return f"ShardCache({self.remote.url!r} in {self.dir!r}, limit={self.limit})"
@@ -294,6 +296,7 @@ class ShardCache:
     def acquire(self, i: int) -> str:
         """Hold shard ``i`` in the cache, downloading it if needed; its local path."""
         self._after_fork()
+        sharing = self.sharing
         with self._cond:
             while True:
                 if self._refs.get(i, 0) > 0:
@@ -305,17 +308,17 @@ class ShardCache:
                     self._use_claim(i)
                     break
                 self._cond.wait()  # another thread of this process is getting it
-            reserved = i in self._reserved or self.sharing is None
+            reserved = i in self._reserved
         fd = None
         try:
-            if not reserved:  # a direct read: wait for room in the lease (holding nothing new)
+            if sharing is not None and not reserved:  # a direct read: wait for room in the lease (holding nothing new)
                 size = self.manifest.shards[i].bytes
-                self.sharing.reserve(size, cancelled=self.remote.cancelled)
+                sharing.reserve(size, cancelled=self.remote.cancelled)
                 with self._cond:
                     twice = i in self._reserved  # a claim counted it meanwhile
                     self._reserved.add(i)
                 if twice:
-                    self.sharing.unreserve(size)
+                    sharing.unreserve(size)
             fd = self._hold(i)
         finally:
             with self._cond:
@@ -339,6 +342,7 @@ class ShardCache:
         if i in self._reserved and not (self._refs.get(i) or i in self._loading or self._claims.get(i)):
             self._reserved.discard(i)
             size = self.manifest.shards[i].bytes
+            assert self.sharing is not None, "only a shared lease reserves shards"
             self.sharing.unreserve(size)
             return size
         return 0
@@ -458,7 +462,8 @@ class ShardCache:
             _unlink(part)
             raise
         self.counts["shards_downloaded"] += 1
-        self.counts["bytes_downloaded"] += info.stored_bytes if info.compression else info.bytes
+        stored = info.stored_bytes if info.compression else None  # a compressed shard's has it (parse_manifest)
+        self.counts["bytes_downloaded"] += info.bytes if stored is None else stored
 
     def _fetch(self, info: ShardInfo, part: str) -> None:
         if info.compression is None:
@@ -539,7 +544,7 @@ class ShardCache:
             if directory == self.dir and name in mine:
                 continue
             path = os.path.join(directory, name)
-            if _try_exclusive(directory, name, lambda p=path: _unlink(p)):
+            if _try_exclusive(directory, name, functools.partial(_unlink, path)):
                 used -= shard_size
                 self.counts["evictions"] += 1
                 if used + size <= self.limit:

@@ -98,6 +98,7 @@ def check_limit(cache: ShardCache, uses: list[tuple[int, int, int]] | None = Non
     """The bytes the loader must hold at once (``need``, else computed from ``uses``);
     CacheFullError if the cache's limit is smaller."""
     if need is None:
+        assert uses is not None, "check_limit takes uses or need"
         need = resident_bytes(uses, [s.bytes for s in cache.manifest.shards])
     if cache.limit is not None and need > cache.limit:
         raise CacheFullError(
@@ -240,6 +241,7 @@ class Fetcher:
     def _take_turn(self) -> None:
         """Wait (holding nothing) until this process's lease covers the pass's minimum."""
         sharing = self.cache.sharing
+        assert sharing is not None, "only a shared cache has turns (self._turn starts True without one)"
         try:
             with inflight.track(f"wait for a turn in the cache shared with other processes ({self.need:,} bytes)", sharing.cache_dir):
                 sharing.reserve(0, at_least=self.need, cancelled=lambda: self._cancel.is_set())

@@ -38,12 +38,11 @@ log = logging.getLogger("chute")
 class Filler:
     """Keeps downloading the dataset's shards into the cache in a seeded random order."""
 
-    def __init__(self, dataset: Dataset, seed: int, name: str = "chute-fill") -> None:
-        cache = dataset.cache
-        self.dataset = dataset
-        remote = cache.remote
+    def __init__(self, full: ShardCache, seed: int, name: str = "chute-fill") -> None:
+        self.full = full  # the dataset's cache, which the loader reports
+        remote = full.remote
         own = Remote(remote.url, remote.storage_options, remote.retry, remote.part_size, remote.parallel)  # closed on its own
-        self.cache = ShardCache(own, dataset.manifest, cache.cache_dir, cache.limit, share=False)
+        self.cache = ShardCache(own, full.manifest, full.cache_dir, full.limit, share=False)
         self.seed = seed
         self._arrival: dict[int, int] = {}
         self._counter = itertools.count()
@@ -72,7 +71,7 @@ class Filler:
                     missing += 1
                     self.cache.acquire(i)
                     self._arrival[i] = next(self._counter)
-                    shown = self.dataset.cache.counts  # the loader reports the dataset's cache: its high-water mark is ours
+                    shown = self.full.counts  # the loader reports the dataset's cache: its high-water mark is ours
                     shown["high_water"] = max(shown["high_water"], self.cache.counts["high_water"])
                     self.cache.release(i)
                     with self.arrived:
@@ -102,7 +101,7 @@ class Progressive:
     """The epochs of a progressive loader: each a snapshot of the cache's complete shards."""
 
     def __init__(self, dataset: Dataset, order: Order, seed: int, min_shards: int = 1) -> None:
-        if dataset.cache is None:
+        if not isinstance(dataset.cache, ShardCache):
             raise ChuteError(
                 f"progressive=True needs a remote dataset with a node cache; {dataset.root} is local "
                 "(all of it is there already: use the default mode)"
@@ -113,6 +112,7 @@ class Progressive:
                 "the mode trains on what fits in the cache while it rotates"
             )
         self.dataset = dataset
+        self.cache = dataset.cache  # the node cache the epochs read from and the filler fills
         self.order = order
         self.seed = seed
         self.min_shards = max(1, int(min_shards))
@@ -121,13 +121,13 @@ class Progressive:
 
     def _start(self) -> Filler:
         if self.filler is None:
-            self.filler = Filler(self.dataset, self.seed)
+            self.filler = Filler(self.cache, self.seed)
         return self.filler
 
     def snapshot(self) -> tuple[list[int], ShardCache]:
         """The complete shards in the cache now, each held by a new per-epoch cache view."""
         filler = self._start()
-        full = self.dataset.cache
+        full = self.cache
         with filler.arrived:
             while True:
                 present = [i for i in range(len(full.manifest.shards)) if full.cached(i)]
@@ -144,7 +144,7 @@ class Progressive:
         return [present[k] for k in held], view
 
     def _view(self, shards: list[int]) -> ShardCache:
-        full = self.dataset.cache
+        full = self.cache
         manifest = dataclasses.replace(full.manifest, shards=tuple(full.manifest.shards[i] for i in shards))
         return ShardCache(full.remote, manifest, full.cache_dir, full.limit, share=False)
 

@@ -248,7 +248,7 @@ class Remote:
 
     def __setstate__(self, state: dict) -> None:
         reached, ranges = state.pop("reached", False), state.pop("ranges", True)
-        self.__init__(**state)
+        Remote.__init__(self, **state)
         self.reached, self.ranges = reached, ranges
 
     def __repr__(self) -> str:
@@ -549,11 +549,15 @@ class Remote:
         failure ``restart()`` is called and the stream starts over."""
         path, url = self.path(name), join(self.url, name)
 
+        def write_all(_: int, chunks: list[bytes]) -> None:
+            for chunk in chunks:
+                write(chunk)
+
         def get() -> None:
             restart()
             with inflight.track("GET", url):
                 if stream.streams(self.fs):
-                    self._get(path, url, None, None, lambda _, chunks: [write(c) for c in chunks])
+                    self._get(path, url, None, None, write_all)
                     return
                 with self.fs.open(path, "rb", block_size=self.part_size) as f:
                     while chunk := f.read(self.part_size):

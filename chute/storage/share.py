@@ -374,11 +374,12 @@ class Sharing:
 
     def _leave(self) -> _Listener:
         """Remove this member's files; the listener to end once the locks are dropped."""
-        for path in (os.path.join(self.members_dir, self._id), self._bell_path(self._id)):
+        member, fd, listener = self._id, self._fd, self._listener
+        assert member is not None and fd is not None and listener is not None, "only a member leaves"
+        for path in (os.path.join(self.members_dir, member), self._bell_path(member)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        os.close(self._fd)
-        listener = self._listener
+        os.close(fd)
         self._id = self._fd = self._listener = None
         self.state = MemberState()
         return listener
@@ -438,14 +439,15 @@ class Sharing:
             )
 
     def _publish(self) -> None:
-        if self._id is None:
+        fd = self._fd
+        if fd is None:  # not a member (_id, _fd and _listener are set and cleared together)
             return
         self.state.job = self._job
         self.state.minimum, self.state.want = self._claim()
         self.state.soon = self.soon()[:SOON]
         data = self.state.to_json()
-        os.pwrite(self._fd, data, 0)
-        os.ftruncate(self._fd, len(data))
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
 
     def _claim(self) -> tuple[int, int]:
         """``(minimum, want)``: the attached fetchers' together, else direct reads'."""

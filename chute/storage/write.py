@@ -33,6 +33,7 @@ def destination(path: str | os.PathLike, storage_options: Mapping[str, Any] | No
     compressed shards also has an ``upload`` (to ``file://root``).
     """
     text = os.fspath(path)
+    upload: Upload | None
     if is_remote(text):
         if text.startswith(("http://", "https://")):
             raise ChuteError(

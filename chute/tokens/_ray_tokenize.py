@@ -11,7 +11,8 @@ the costly part, is what spreads over the cluster).
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
+from typing import Any
 
 from chute.errors import ChuteError
 from chute.tokens._text_sources import Chunk
@@ -31,7 +32,7 @@ class _Tokenizer:
 
 def tokenize_on_ray(
     chunks: Iterable[Chunk], encoder: Encoder, keep_empty: bool, address: str, actors: int | None = None
-) -> Iterator[Tokenized]:
+) -> Generator[Tokenized, None, None]:
     """The chunks' results, in order, tokenized by ``actors`` Ray actors (default: one per CPU of the cluster)."""
     try:
         import ray
@@ -41,7 +42,7 @@ def tokenize_on_ray(
 
     connect(address)
     count = actors or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    actor_class = ray.remote(num_cpus=1)(_Tokenizer)
+    actor_class: Any = ray.remote(num_cpus=1)(_Tokenizer)  # Ray's stubs cannot type an actor's method.remote
     pool = [actor_class.remote(encoder, keep_empty) for _ in range(count)]
     pending: collections.deque = collections.deque()
     try:

@@ -34,7 +34,7 @@ import json
 import lzma
 import os
 from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -200,11 +200,10 @@ def open_text_source(src: Any, *, text_key: str = "text", kind: str | None = Non
             return _hf_source(src, text_key, split)
     files = _list_files(src, split)
     if kind is None:
-        kinds = {_kind_of(f) for f in files}
-        kinds.discard(None)
+        kinds = _kinds(files)
         if len(kinds) > 1:  # plain .json files beside Parquet or .txt files are metadata, not a corpus
             files = [f for f in files if not f.lower().endswith(".json")]
-            kinds = {_kind_of(f) for f in files} - {None}
+            kinds = _kinds(files)
         if len(kinds) > 1:
             raise ChuteError(f"{_name(src)} mixes kinds of text files ({', '.join(sorted(kinds))}); convert them separately or pass kind=")
         if not kinds:
@@ -218,6 +217,11 @@ def open_text_source(src: Any, *, text_key: str = "text", kind: str | None = Non
     if kind == "arrow":
         return _arrow_source(files, text_key)
     return TextSource(kind, files, len(files) if kind == "txt" else None, text_key)
+
+
+def _kinds(files: list[str]) -> set[str]:
+    """The kinds of text file among ``files`` (those chute does not read have none)."""
+    return {kind for f in files if (kind := _kind_of(f)) is not None}
 
 
 def _name(src: Any) -> str:
@@ -304,7 +308,7 @@ def _hf_source(src: Any, text_key: str, split: str | None) -> TextSource:
 # --------------------------------------------------------------------------- readers
 
 
-def _open_text_file(path: str) -> IO[bytes]:
+def _open_text_file(path: str) -> io.BufferedIOBase:
     """``path`` opened for reading bytes, decompressed by its extension."""
     name = path.lower()
     if name.endswith(".gz"):

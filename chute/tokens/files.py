@@ -45,7 +45,7 @@ from chute.tokens.source import TokenSource
 __all__ = ["MegatronTokens", "FlatTokens", "megatron", "flat", "MEGATRON_HEADER"]
 
 MEGATRON_HEADER = b"MMIDIDX\x00\x00"
-MEGATRON_DTYPES = {8: np.dtype(np.uint16), 4: np.dtype(np.uint32)}  # int32 ids are read as uint32 (never negative)
+MEGATRON_DTYPES: dict[int, np.dtype] = {8: np.dtype(np.uint16), 4: np.dtype(np.uint32)}  # int32 ids are read as uint32 (never negative)
 _HEADER = struct.Struct("<QBQQ")
 
 

@@ -57,7 +57,9 @@ class _TokenShards(ShardWriter):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.numpy = np.dtype(self.schema[COLUMN].dtype)
+        column = self.schema[COLUMN]
+        assert isinstance(column, Ragged), column  # TokenWriter._start's schema
+        self.numpy = np.dtype(column.dtype)
         self.parts: list[np.ndarray] = []
         self.lengths: list[np.ndarray] = []
         self.shard_tokens: list[int] = []
@@ -161,7 +163,7 @@ class TokenWriter:
         else:
             self.abort()
 
-    def _start(self, dtype: str) -> None:
+    def _start(self, dtype: str) -> _TokenShards:
         self.dtype = dtype
         if self._limit is None:
             self._limit = _UINT16_IDS if dtype == "uint16" else _UINT32_IDS
@@ -171,6 +173,7 @@ class TokenWriter:
         w.part = self._shards = _TokenShards(
             w.root, schema, token=w.token, shard_size=w.shard_size, checksum=w.checksum, durable=w.durable, upload=w.upload,
         )
+        return self._shards
 
     def _check(self, doc: Any, position: int | None = None) -> np.ndarray:
         """Document ``doc`` as a 1-D int64 array with its end token, or SchemaError naming it (``position``)."""
@@ -241,26 +244,25 @@ class TokenWriter:
         if self.eos_id is not None:
             flat = np.insert(flat.astype(np.int64, copy=False), np.cumsum(sizes), self.eos_id)
             sizes = sizes + 1
-        if self._shards is None:
-            self._decide(hi)
+        shards = self._decide(hi) if self._shards is None else self._shards
         self.documents += len(sizes)
         self.tokens += int(flat.size)
-        self._shards.add(flat, sizes)
+        shards.add(flat, sizes)
 
-    def _decide(self, largest: int = 0) -> None:
+    def _decide(self, largest: int = 0) -> _TokenShards:
         """No vocab_size: the dtype from the largest token seen so far; then write what waited."""
         pending, self._pending = self._pending, []
         hi = max([largest] + [int(a.max()) for a in pending if a.size])
-        self._start("uint16" if hi < _UINT16_IDS else "uint32")
+        shards = self._start("uint16" if hi < _UINT16_IDS else "uint32")
         if pending:
-            self._shards.add(np.concatenate(pending), np.array([len(a) for a in pending], dtype=np.int64))
+            shards.add(np.concatenate(pending), np.array([len(a) for a in pending], dtype=np.int64))
+        return shards
 
     def close(self) -> Manifest:
         """Write the last shard and the manifest; the dataset is valid from here on."""
         try:
-            if self._shards is None:
-                self._decide()
-            self._shards.flush()
+            shards = self._decide() if self._shards is None else self._shards
+            shards.flush()
             self._writer.metadata[METADATA_KEY] = {
                 "version": 1,
                 "dtype": self.dtype,
@@ -268,8 +270,8 @@ class TokenWriter:
                 "eos_id": self.eos_id,
                 "documents": self.documents,
                 "tokens": self.tokens,
-                "shard_tokens": list(self._shards.shard_tokens),
-                "packed": {str(n): counts for n, counts in self._shards.packed.items()},
+                "shard_tokens": list(shards.shard_tokens),
+                "packed": {str(n): counts for n, counts in shards.packed.items()},
             }
         except BaseException:
             self.abort()
