@@ -25,6 +25,7 @@ is removed.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -61,11 +62,14 @@ class Hooks:
             if hook in hooks:
                 hooks.remove(hook)
 
-    def pass_event(self, run: Any, event: str, before: str, after: str) -> None:
+    def pass_event(self, run: Any, event: str, before: str, after: str,
+                   _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         for hook in list(self._hooks):
             try:
                 hook.pass_event(run, event, before, after)
             except Exception:
+                if _finalizing():  # an iterator collected at interpreter exit: modules are being torn down
+                    return
                 self._drop(hook)
 
     def batch(self, run: Any, step: int, waited_ns: int, rows: int) -> None:

@@ -83,6 +83,7 @@ class LoaderMeter(Hook):
         self._zero = counters.snapshot()
         self._start: Snapshot | None = None
         self._end: Snapshot | None = None
+        self._window_pass: Any = None  # the pass whose events end the window (None: before any pass)
         self._cpu: tuple[float, float | None] = (0.0, None)
         self._skipped_mark = 0
         self._cache_start: dict[str, Any] | None = None
@@ -95,12 +96,16 @@ class LoaderMeter(Hook):
     def pass_event(self, run: Any, event: str, before: str, after: str) -> None:
         if event == "start" and before == "new":
             self.start_pass(run)
-        elif event in ("end", "fail"):
+        elif event in ("end", "fail", "close") and run is self._window_pass and self._end is None:
+            # The window of a pass ends once: at its stream's end, or when it is closed from outside
+            # (Loader.close(), a newer pass); an event of that pass after it is late (its END may come
+            # when an abandoned iterator is collected, after a newer pass has opened its window).
             self.end_pass(run)
 
     def start_pass(self, run: Any = None) -> None:
         """A pass begins (its first ``next()``): its report window starts now."""
         self._start, self._end = self.counters.snapshot(), None
+        self._window_pass = run
         self._cpu = (time.process_time(), None)
         self._skipped_mark = self.skipped
         self._cache_start = self._cache_stats()
