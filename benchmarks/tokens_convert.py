@@ -10,7 +10,8 @@ trained here on the first 2 MB of the corpus (no download).
               parse JSON, tokenize (N worker processes; 1 = in this process), write
               the token dataset (fsync, checksums)
 
-Each figure is the median of --repeats runs; ratios are of medians of this run.
+Each figure is the median of --repeats runs; ratios are of medians of this run. The
+table is saved through benchmarks/_results.py (tokens.json, table "convert").
 The `tokenizers` package may use several threads in one process
 (TOKENIZERS_PARALLELISM); the run prints the setting. Tokens per CPU second (this
 process and its worker processes, user + system) show the cost of the pipeline
@@ -28,10 +29,14 @@ import os
 import resource
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import save  # noqa: E402
 
 
 def corpus(path: str, megabytes: int, seed: int = 0) -> str:
@@ -133,11 +138,27 @@ def main() -> None:
 
     base = statistics.median(rates["tokenizer"])
     print(f"{tokens:,} tokens per pass; median of {args.repeats} runs")
+    labels = {"tokenizer": "the tokenizer alone (`encode_batch_fast`, texts in memory)"}
+    rows = []
     for name, values in rates.items():
         median = statistics.median(values)
         per_cpu = statistics.median(efficiency[name])
         print(f"  {name:12s} {median / 1e6:7.3f} M tokens/s  ({median / base:4.2f}x the tokenizer alone; "
               f"runs {', '.join(f'{v / 1e6:.3f}' for v in values)}); {per_cpu / 1e6:.3f} M tokens per CPU second")
+        label = labels.get(name, f"`chute.tokens.convert(..., {name})`, end to end"
+                           + (" (in this process)" if name == "workers=1" else ""))
+        rows.append({"label": label, "mtok_s": median / 1e6, "ratio": median / base, "mtok_cpu_s": per_cpu / 1e6,
+                     "runs": ", ".join(f"{v / 1e6:.3f}" for v in values)})
+    save("tokens", {"convert": {
+        "title": f"{args.mb} MB of JSON lines, {tokens / 1e6:.2f} M tokens",
+        "columns": [["mtok_s", "M tokens/s", ".3f"], ["ratio", "/ tokenizer alone", ".2f"],
+                    ["mtok_cpu_s", "M tokens per CPU second", ".3f"], ["runs", "runs (M tokens/s)", ""]],
+        "rows": rows,
+        "notes": (f"medians of {args.repeats} runs; a byte-level BPE of {args.vocab:,} ids trained in the run; `eos=True`; "
+                  f"end to end includes reading, JSON parsing and writing the dataset (fsync, checksums); "
+                  f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}; CPU seconds: this process "
+                  "and its worker processes, user + system"),
+    }})
 
 
 if __name__ == "__main__":
