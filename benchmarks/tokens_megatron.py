@@ -333,10 +333,14 @@ def throughput(args: argparse.Namespace, prefix: str, what: str, cache: str) -> 
 # ---------------------------------------------------------------- check
 
 
-def check(root: str) -> str:
-    """Megatron's unshuffled samples equal chute's concat windows of the same document order (every sample)."""
+def check(root: str, tiny: int = 200_000, long: int = 3_000_000) -> str:
+    """Megatron's unshuffled samples equal chute's concat windows of the same document order (every sample).
+
+    On a corpus of ``tiny`` documents of 1-15 tokens and one of ~``long`` tokens
+    in lognormal documents; raises SystemExit at the first difference.
+    """
     said = []
-    for kind, size in (("tiny", 200_000), ("long", 3_000_000)):
+    for kind, size in (("tiny", tiny), ("long", long)):
         prefix = synthetic(root, kind, size)
         ds = gpt_dataset(prefix, os.path.join(root, f"cache-check-{kind}"))
         index = np.memmap(prefix + ".idx", np.uint8, "r", offset=34)
