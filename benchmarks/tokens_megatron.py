@@ -27,7 +27,8 @@ its library and reads one sample of a tiny corpus (imports are not opening):
 
 Each prints the seconds from its start to the dataset/Loader and to the first
 sample/batch, the process's peak RSS (``VmHWM``) and what it added over
-the RSS after the warm-up, and for megatron-core the size of its cached index
+the RSS after the warm-up, the anonymous memory (``RssAnon``) it holds after
+the first sample over that after the warm-up, and for megatron-core the size of its cached index
 files. The corpus files are read once before (in the page cache for both).
 
 **Throughput** (``--part throughput``): tokens/s over ``--samples`` shuffled
@@ -127,7 +128,7 @@ def page_in(prefix: str) -> None:
 
 
 def status(key: str) -> int:
-    """``key`` (VmRSS, VmHWM) of /proc/self/status in bytes."""
+    """``key`` (VmRSS, VmHWM, RssAnon) of /proc/self/status in bytes."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(key + ":"):
@@ -213,7 +214,7 @@ def child(which: str, prefix: str, warmup: str, cache: str) -> None:
         loader = chute_loader(chute_view(warmup))
         next(iter(loader))
         loader.close()
-    imported, before = time.perf_counter() - began, rss()
+    imported, before, anon_before = time.perf_counter() - began, rss(), status("RssAnon")
     start = time.perf_counter()
     if which == "megatron":
         ds = gpt_dataset(prefix, cache)
@@ -232,7 +233,7 @@ def child(which: str, prefix: str, warmup: str, cache: str) -> None:
         samples = len(view)
         loader.close()
     print(json.dumps({"imported_s": imported, "opened_s": opened, "first_s": first, "peak_rss": peak_rss(),
-                      "rss_before": before, "samples": samples}))
+                      "rss_before": before, "anon_added": status("RssAnon") - anon_before, "samples": samples}))
 
 
 def fresh(which: str, prefix: str, warmup: str, cache: str) -> dict:
@@ -265,7 +266,7 @@ def startup(args: argparse.Namespace, warmup: str) -> dict:
             got["chute"].append(fresh("chute", prefix, warmup, cache))
             print(f"{documents:,} documents run {r} (load {loads[-1]:.1f}): " + "; ".join(
                 f"{k} open {v[-1]['opened_s']:.3f} s, first {v[-1]['first_s']:.3f} s, peak RSS {v[-1]['peak_rss'] / 2**20:.0f} MiB "
-                f"(+{(v[-1]['peak_rss'] - v[-1]['rss_before']) / 2**20:.0f})" for k, v in got.items()), flush=True)
+                f"(+{(v[-1]['peak_rss'] - v[-1]['rss_before']) / 2**20:.0f}, anonymous held +{v[-1]['anon_added'] / 2**20:.0f})" for k, v in got.items()), flush=True)
         shutil.rmtree(cache, ignore_errors=True)
         labels = {
             "built": "megatron-core GPTDataset: builder.build() with the cache empty (indices built, saved), sample 0",
@@ -278,17 +279,20 @@ def startup(args: argparse.Namespace, warmup: str) -> dict:
                 "label": f"{documents:,} docs: {labels[key]}", "documents": documents, "tokens": tokens,
                 "samples": runs[0]["samples"], "opened_s": med("opened_s"), "first_s": med("first_s"),
                 "peak_rss_mib": med("peak_rss") / 2**20, "added_mib": statistics.median(r["peak_rss"] - r["rss_before"] for r in runs) / 2**20,
+                "anon_mib": med("anon_added") / 2**20,
                 "index_mib": index_bytes / 2**20 if key == "built" else None, "load": statistics.median(loads),
                 "runs": runs,
             })
     return {
         "title": f"seq_len {SEQ_LEN}, one process, fresh each time",
         "columns": [["opened_s", "dataset / Loader s", ".3f"], ["first_s", "to sample 0 / batch 0 s", ".3f"],
-                    ["peak_rss_mib", "peak RSS MiB", ".0f"], ["added_mib", "added MiB", ".0f"],
+                    ["peak_rss_mib", "peak RSS MiB", ".0f"], ["added_mib", "peak added MiB", ".0f"],
+                    ["anon_mib", "anonymous held MiB", ".0f"],
                     ["index_mib", "index files MiB", ".0f"], ["load", "load avg (1 min)", ".1f"]],
         "rows": rows,
         "notes": (f"medians of {args.startup_repeats} run(s); documents of 1 to 15 tokens (uint16); times from after the "
-                  f"imports and a warm-up read of a tiny corpus; added: peak RSS over the RSS after the warm-up; "
+                  f"imports and a warm-up read of a tiny corpus; peak added: peak RSS (VmHWM, file-backed pages included) over the RSS "
+                  f"after the warm-up; anonymous held: RssAnon after sample 0 / batch 0 over that after the warm-up; "
                   f"index files: the document, sample and shuffle index megatron-core saved; {versions()}"),
     }
 
