@@ -15,17 +15,31 @@
 #include "native.h"
 
 /* dst[j] = tokens[pos + j] for j < count, widening uint16/uint32 to int64. */
-static inline void widen(int64_t *dst, const char *base, int64_t pos, int64_t count, int itemsize)
+static inline void widen(int64_t *restrict dst, const char *base, int64_t pos, int64_t count, int itemsize)
 {
     if (itemsize == 2) {
-        const uint16_t *src = (const uint16_t *)(const void *)base + pos;
+        const uint16_t *restrict src = (const uint16_t *)(const void *)base + pos;
         for (int64_t j = 0; j < count; j++)
             dst[j] = src[j];
     } else {
-        const uint32_t *src = (const uint32_t *)(const void *)base + pos;
+        const uint32_t *restrict src = (const uint32_t *)(const void *)base + pos;
         for (int64_t j = 0; j < count; j++)
             dst[j] = src[j];
     }
+}
+
+/* dst[j] = start + j for j < count. */
+static inline void iota(int64_t *restrict dst, int64_t start, int64_t count)
+{
+    for (int64_t j = 0; j < count; j++)
+        dst[j] = start + j;
+}
+
+/* dst[j] = value for j < count. */
+static inline void fill(int64_t *restrict dst, int64_t value, int64_t count)
+{
+    for (int64_t j = 0; j < count; j++)
+        dst[j] = value;
 }
 
 /* The shard holding stream position `pos` (starts[k] <= pos < starts[k + 1]; the last
@@ -317,17 +331,17 @@ static Py_ssize_t upper(const char *off, Py_ssize_t lo, Py_ssize_t hi, int64_t p
     return lo;
 }
 
-/* One row: a piece [p, q) of tokens (absolute positions), at row offset p - a. */
-static void fill_piece(int64_t *in, int64_t *lab, int64_t *posid, const char *tok, int itemsize, int64_t a, int64_t p,
-                       int64_t q)
+/* One piece of a row: tokens [p, p + len) (absolute positions, len >= 1) into the row's
+ * slices in, lab, posid that start at the piece. Labels are the next tokens, read from the
+ * shard like the inputs (lab[j] = in[j + 1]), and -100 at the piece's last position. One
+ * simple loop per output, each of which the compiler vectorizes (the outputs never alias). */
+static void fill_piece(int64_t *restrict in, int64_t *restrict lab, int64_t *restrict posid, const char *tok, int itemsize,
+                       int64_t p, int64_t len)
 {
-    int64_t o = p - a, len = q - p;
-    widen(in + o, tok, p, len, itemsize);
-    for (int64_t j = 0; j + 1 < len; j++)
-        lab[o + j] = in[o + j + 1];
-    lab[o + len - 1] = -100;
-    for (int64_t j = 0; j < len; j++)
-        posid[o + j] = j;
+    widen(in, tok, p, len, itemsize);
+    widen(lab, tok, p + 1, len - 1, itemsize);
+    lab[len - 1] = -100;
+    iota(posid, 0, len);
 }
 
 PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -424,17 +438,15 @@ PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t n
                 continue;
             if (q > hi)
                 q = hi;
-            fill_piece(rin, rlab, rpos, tv->buf, (int)itemsize, lo, p, q);
+            fill_piece(rin + (p - lo), rlab + (p - lo), rpos + (p - lo), tv->buf, (int)itemsize, p, q - p);
             cu[nc++] = (int32_t)(row0 + (q - lo));
             p = q;
         }
         int64_t used = hi - lo;
         if (used < seq_len) { /* padding: one more segment */
-            for (int64_t j = used; j < seq_len; j++) {
-                rin[j] = pad_id;
-                rlab[j] = -100;
-                rpos[j] = j - used;
-            }
+            fill(rin + used, pad_id, seq_len - used);
+            fill(rlab + used, -100, seq_len - used);
+            iota(rpos + used, 0, seq_len - used);
             cu[nc++] = (int32_t)(row0 + seq_len);
         }
     }
