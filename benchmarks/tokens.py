@@ -15,8 +15,10 @@ seq_len 2048, batch 8, shuffled. Each repeat measures, in the same run:
   outputs, one thread (what the Loader's worker calls per batch).
 
 tokens/s counts ``batch x seq_len`` positions per batch (padding included for
-documents; its share of real tokens is printed too). The first pass of each
-Loader is a warm-up; the rate is that of the next ones.
+documents; its share of real tokens, from the token count, is printed too). The
+first pass of each Loader is a warm-up; the rate is that of the next ones, whose
+loop does nothing but count. Each row also has the CPU time per batch
+(``getrusage``, all the process's threads): on a busy machine the steadier figure.
 
 **Start-up** (``--part startup``): a corpus of ``--documents`` documents (1 to
 15 tokens each, written once with ``TokenWriter.extend``), opened by
