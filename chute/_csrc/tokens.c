@@ -331,19 +331,6 @@ static Py_ssize_t upper(const char *off, Py_ssize_t lo, Py_ssize_t hi, int64_t p
     return lo;
 }
 
-/* One piece of a row: tokens [p, p + len) (absolute positions, len >= 1) into the row's
- * slices in, lab, posid that start at the piece. Labels are the next tokens, read from the
- * shard like the inputs (lab[j] = in[j + 1]), and -100 at the piece's last position. One
- * simple loop per output, each of which the compiler vectorizes (the outputs never alias). */
-static void fill_piece(int64_t *restrict in, int64_t *restrict lab, int64_t *restrict posid, const char *tok, int itemsize,
-                       int64_t p, int64_t len)
-{
-    widen(in, tok, p, len, itemsize);
-    widen(lab, tok, p + 1, len - 1, itemsize);
-    lab[len - 1] = -100;
-    iota(posid, 0, len);
-}
-
 PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"indices", "offsets", "sources", "itemsize", "seq_len", "pad_id",
@@ -431,6 +418,13 @@ PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t n
         Py_ssize_t ndoc = dv->len / 8;
         int64_t lo = ranges[3 * i], hi = ranges[3 * i + 1], row0 = (int64_t)i * seq_len;
         int64_t *rin = in + row0, *rlab = lab + row0, *rpos = posid + row0;
+        /* The sequence is the contiguous token range [lo, hi): input_ids is that range, labels the range
+         * one token on, each a single loop; then per piece (document part) its position ids, the -100 of
+         * its last label and its cu_seqlens entry. */
+        if (hi > lo) {
+            widen(rin, tv->buf, lo, hi - lo, (int)itemsize);
+            widen(rlab, tv->buf, lo + 1, hi - lo - 1, (int)itemsize);
+        }
         int64_t p = lo;
         for (Py_ssize_t d = ranges[3 * i + 2]; p < hi; d++) {
             int64_t q = d < ndoc ? ch_ld64(off + 8 * d) : hi;
@@ -438,7 +432,8 @@ PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t n
                 continue;
             if (q > hi)
                 q = hi;
-            fill_piece(rin + (p - lo), rlab + (p - lo), rpos + (p - lo), tv->buf, (int)itemsize, p, q - p);
+            iota(rpos + (p - lo), 0, q - p);
+            rlab[q - lo - 1] = -100;
             cu[nc++] = (int32_t)(row0 + (q - lo));
             p = q;
         }
