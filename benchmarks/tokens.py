@@ -15,8 +15,10 @@ seq_len 2048, batch 8, shuffled. Each repeat measures, in the same run:
   outputs, one thread (what the Loader's worker calls per batch).
 
 tokens/s counts ``batch x seq_len`` positions per batch (padding included for
-documents; its share of real tokens is printed too). The first pass of each
-Loader is a warm-up; the rate is that of the next ones.
+documents; its share of real tokens, from the token count, is printed too). The
+first pass of each Loader is a warm-up; the rate is that of the next ones, whose
+loop does nothing but count. Each row also has the CPU time per batch
+(``getrusage``, all the process's threads): on a busy machine the steadier figure.
 
 **Start-up** (``--part startup``): a corpus of ``--documents`` documents (1 to
 15 tokens each, written once with ``TokenWriter.extend``), opened by
@@ -99,49 +101,55 @@ def corpus(root: str, tokens: int) -> tuple[chute.Dataset, str]:
     return ds, raw
 
 
-def limit_rate(raw: str, seed: int, batches: int) -> float:
-    """Tokens/s of numpy slicing the memmapped stream into preallocated int64 batches (shuffled windows)."""
+def limit_rate(raw: str, seed: int, batches: int) -> tuple[float, float]:
+    """(tokens/s, CPU us per batch) of numpy slicing the memmapped stream into preallocated int64 batches
+    (shuffled windows)."""
     stream = np.load(raw, mmap_mode="r")
     windows = (len(stream) - 1) // SEQ_LEN
     order = np.random.default_rng(seed).permutation(windows)[: batches * BATCH]
     inputs = np.empty((BATCH, SEQ_LEN), np.int64)
     labels = np.empty((BATCH, SEQ_LEN), np.int64)
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), cpu()
     for b in range(batches):
         for j, w in enumerate(order[b * BATCH : (b + 1) * BATCH].tolist()):
             s = w * SEQ_LEN
             inputs[j] = stream[s : s + SEQ_LEN]
             labels[j] = stream[s + 1 : s + SEQ_LEN + 1]
-    return batches * BATCH * SEQ_LEN / (time.perf_counter() - start)
+    return batches * BATCH * SEQ_LEN / (time.perf_counter() - start), (cpu() - cpu0) / batches * 1e6
 
 
-def loader_rate(view, seed: int, passes: int = 2) -> tuple[float, float]:
-    """(positions/s, share of real tokens) of a default shuffled Loader, after a warm-up pass."""
+def loader_rate(view, seed: int, passes: int = 2) -> tuple[float, float, int]:
+    """(positions/s, CPU us per batch, threads) of a default shuffled Loader, after a warm-up pass.
+
+    The timed loop only counts positions: anything else the loop did per batch (a tensor reduction
+    costs tens of microseconds, more under load when torch wakes its intra-op threads) would be
+    charged to the Loader."""
     loader = chute.Loader(view, BATCH, shuffle=True, seed=seed)
     for _ in loader:  # warm-up: threads start, shards map, the autotuner settles
         pass
-    start, positions, real = time.perf_counter(), 0, 0
+    start, cpu0, positions, batches = time.perf_counter(), cpu(), 0, 0
     for _ in range(passes):
         for batch in loader:
             positions += batch["input_ids"].numel()
-            if "position_ids" in batch:
-                real += int((batch["labels"] != -100).sum()) + (len(batch["cu_seqlens"]) - 1)
-    rate = positions / (time.perf_counter() - start)
+            batches += 1
+    rate, spent = positions / (time.perf_counter() - start), cpu() - cpu0
+    threads = loader.report().settings["num_threads"]
     loader.close()
-    return rate, (real / positions if real else 1.0)
+    return rate, spent / batches * 1e6, threads
 
 
-def kernel_rate(view, seed: int, batches: int) -> float:
-    """Positions/s of ``view.read`` alone: shuffled batches into reused outputs, one thread, shards mapped first."""
+def kernel_rate(view, seed: int, batches: int) -> tuple[float, float]:
+    """(positions/s, CPU us per batch) of ``view.read`` alone: shuffled batches into reused outputs, one
+    thread, shards mapped first."""
     order = np.random.default_rng(seed).permutation(len(view))[: batches * BATCH].astype(np.int64)
     outs = [np.empty((BATCH, *shape), dtype) for _, shape, dtype, _ in view.fixed_columns]
     for i in range(len(view.shards)):  # map every shard (and plan it) before the clock
         if view.shards[i].rows:
             view.read(np.asarray([view.offsets[i]], np.int64), [o[:1] for o in outs])
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), cpu()
     for b in range(batches):
         view.read(order[b * BATCH : (b + 1) * BATCH], outs)
-    return batches * BATCH * SEQ_LEN / (time.perf_counter() - start)
+    return batches * BATCH * SEQ_LEN / (time.perf_counter() - start), (cpu() - cpu0) / batches * 1e6
 
 
 def code() -> str:
@@ -160,33 +168,41 @@ def throughput(args: argparse.Namespace) -> None:
     packed = chute.tokens.sequences(ds, SEQ_LEN, pack="documents")
     print(f"corpus: {ds.metadata['tokens']['tokens']:,} tokens, {len(ds):,} documents, {len(ds.shards)} shards; "
           f"{len(concat):,} concat windows, {len(packed):,} packed sequences")
-    rows = []
+    share = packed.num_tokens / (len(packed) * SEQ_LEN)  # every token is in exactly one packed sequence
+    rows, loads = [], []
     for r in range(args.repeats):
-        limit = limit_rate(raw, r, len(concat) // BATCH)
-        kc = kernel_rate(concat, r, len(concat) // BATCH)
-        kd = kernel_rate(packed, r, len(packed) // BATCH)
-        c, _ = loader_rate(concat, r)
-        d, share = loader_rate(packed, r)
-        rows.append((limit, kc, kd, c, d, share))
-        print(f"run {r}: limit {limit / 1e6:.1f} M tok/s, kernels {kc / 1e6:.1f} / {kd / 1e6:.1f}, concat {c / 1e6:.1f} "
-              f"({c / limit:.2f}x), documents {d / 1e6:.1f} ({d / limit:.2f}x, {share:.1%} of positions are tokens)", flush=True)
-    med = lambda k: statistics.median(row[k] for row in rows)  # noqa: E731
-    ratio = lambda k: statistics.median(row[k] / row[0] for row in rows)  # noqa: E731
+        loads.append(os.getloadavg()[0])
+        (limit, limit_cpu), (kc, kc_cpu), (kd, kd_cpu) = (limit_rate(raw, r, len(concat) // BATCH),
+                                                          kernel_rate(concat, r, len(concat) // BATCH),
+                                                          kernel_rate(packed, r, len(packed) // BATCH))
+        (c, c_cpu, c_threads), (d, d_cpu, d_threads) = loader_rate(concat, r), loader_rate(packed, r)
+        rows.append(((limit, kc, kd, c, d), (limit_cpu, kc_cpu, kd_cpu, c_cpu, d_cpu)))
+        print(f"run {r} (load {loads[-1]:.1f}): limit {limit / 1e6:.1f} M tok/s, kernels {kc / 1e6:.1f} / {kd / 1e6:.1f}, "
+              f"concat {c / 1e6:.1f} ({c / limit:.2f}x, {c_threads} threads), documents {d / 1e6:.1f} ({d / limit:.2f}x, "
+              f"{d_threads} threads); CPU us per batch: limit {limit_cpu:.0f}, kernels {kc_cpu:.0f} / {kd_cpu:.0f}, "
+              f"Loader concat {c_cpu:.0f}, documents {d_cpu:.0f}", flush=True)
+    med = lambda k: statistics.median(row[0][k] for row in rows)  # noqa: E731
+    ratio = lambda k: statistics.median(row[0][k] / row[0][0] for row in rows)  # noqa: E731
+    med_cpu = lambda k: statistics.median(row[1][k] for row in rows)  # noqa: E731
     print(f"median of {args.repeats}: limit {med(0) / 1e6:.1f} M tok/s, concat {med(3) / 1e6:.1f} M tok/s "
-          f"({ratio(3):.2f}x), documents {med(4) / 1e6:.1f} M tok/s ({ratio(4):.2f}x)")
+          f"({ratio(3):.2f}x), documents {med(4) / 1e6:.1f} M tok/s ({ratio(4):.2f}x); {share:.1%} of packed positions are tokens")
     labels = [
         "numpy limit (memmapped stream sliced into int64 batches, one thread)",
         'kernel alone, `pack="concat"` (`view.read` into reused outputs, one thread)',
         'kernel alone, `pack="documents"` (+ position_ids, cu_seqlens)',
         '`chute.Loader(sequences(ds, 2048), 8, shuffle=True)` default',
-        f'the same, `pack="documents"` ({med(5):.0%} of positions are tokens)',
+        f'the same, `pack="documents"` ({share:.0%} of positions are tokens)',
     ]
     table = {
         "title": f"seq_len {SEQ_LEN}, batch {BATCH}",
-        "columns": [["mtok_s", "M tokens/s", ".1f"], ["ratio", "vs the limit", ".2f"]],
-        "rows": [{"label": label, "mtok_s": med(k) / 1e6, "ratio": ratio(k)} for k, label in enumerate(labels)],
-        "notes": (f"median of {args.repeats} runs (ratios: median of each run's ratio to its own limit); "
-                  f"{int(ds.metadata['tokens']['tokens']):,} tokens, {len(ds.shards)} shards, in the page cache; {code()}"),
+        "columns": [["mtok_s", "M tokens/s", ".1f"], ["ratio", "vs the limit", ".2f"],
+                    ["cpu_us", "CPU us per batch", ".0f"]],
+        "rows": [{"label": label, "mtok_s": med(k) / 1e6, "ratio": ratio(k), "cpu_us": med_cpu(k)}
+                 for k, label in enumerate(labels)],
+        "notes": (f"median of {args.repeats} runs (ratios: median of each run's ratio to its own limit; CPU us: "
+                  f"getrusage of the process, all its threads, per batch of {BATCH} x {SEQ_LEN}); "
+                  f"{int(ds.metadata['tokens']['tokens']):,} tokens, {len(ds.shards)} shards, in the page cache; "
+                  f"load average (1 min) {statistics.median(loads):.1f} (median at the runs' starts); {code()}"),
     }
     save("tokens", {"throughput": table})
 

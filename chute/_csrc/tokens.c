@@ -15,17 +15,31 @@
 #include "native.h"
 
 /* dst[j] = tokens[pos + j] for j < count, widening uint16/uint32 to int64. */
-static inline void widen(int64_t *dst, const char *base, int64_t pos, int64_t count, int itemsize)
+static inline void widen(int64_t *restrict dst, const char *base, int64_t pos, int64_t count, int itemsize)
 {
     if (itemsize == 2) {
-        const uint16_t *src = (const uint16_t *)(const void *)base + pos;
+        const uint16_t *restrict src = (const uint16_t *)(const void *)base + pos;
         for (int64_t j = 0; j < count; j++)
             dst[j] = src[j];
     } else {
-        const uint32_t *src = (const uint32_t *)(const void *)base + pos;
+        const uint32_t *restrict src = (const uint32_t *)(const void *)base + pos;
         for (int64_t j = 0; j < count; j++)
             dst[j] = src[j];
     }
+}
+
+/* dst[j] = start + j for j < count. */
+static inline void iota(int64_t *restrict dst, int64_t start, int64_t count)
+{
+    for (int64_t j = 0; j < count; j++)
+        dst[j] = start + j;
+}
+
+/* dst[j] = value for j < count. */
+static inline void fill(int64_t *restrict dst, int64_t value, int64_t count)
+{
+    for (int64_t j = 0; j < count; j++)
+        dst[j] = value;
 }
 
 /* The shard holding stream position `pos` (starts[k] <= pos < starts[k + 1]; the last
@@ -317,19 +331,6 @@ static Py_ssize_t upper(const char *off, Py_ssize_t lo, Py_ssize_t hi, int64_t p
     return lo;
 }
 
-/* One row: a piece [p, q) of tokens (absolute positions), at row offset p - a. */
-static void fill_piece(int64_t *in, int64_t *lab, int64_t *posid, const char *tok, int itemsize, int64_t a, int64_t p,
-                       int64_t q)
-{
-    int64_t o = p - a, len = q - p;
-    widen(in + o, tok, p, len, itemsize);
-    for (int64_t j = 0; j + 1 < len; j++)
-        lab[o + j] = in[o + j + 1];
-    lab[o + len - 1] = -100;
-    for (int64_t j = 0; j < len; j++)
-        posid[o + j] = j;
-}
-
 PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"indices", "offsets", "sources", "itemsize", "seq_len", "pad_id",
@@ -417,6 +418,13 @@ PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t n
         Py_ssize_t ndoc = dv->len / 8;
         int64_t lo = ranges[3 * i], hi = ranges[3 * i + 1], row0 = (int64_t)i * seq_len;
         int64_t *rin = in + row0, *rlab = lab + row0, *rpos = posid + row0;
+        /* The sequence is the contiguous token range [lo, hi): input_ids is that range, labels the range
+         * one token on, each a single loop; then per piece (document part) its position ids, the -100 of
+         * its last label and its cu_seqlens entry. */
+        if (hi > lo) {
+            widen(rin, tv->buf, lo, hi - lo, (int)itemsize);
+            widen(rlab, tv->buf, lo + 1, hi - lo - 1, (int)itemsize);
+        }
         int64_t p = lo;
         for (Py_ssize_t d = ranges[3 * i + 2]; p < hi; d++) {
             int64_t q = d < ndoc ? ch_ld64(off + 8 * d) : hi;
@@ -424,17 +432,16 @@ PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t n
                 continue;
             if (q > hi)
                 q = hi;
-            fill_piece(rin, rlab, rpos, tv->buf, (int)itemsize, lo, p, q);
+            iota(rpos + (p - lo), 0, q - p);
+            rlab[q - lo - 1] = -100;
             cu[nc++] = (int32_t)(row0 + (q - lo));
             p = q;
         }
         int64_t used = hi - lo;
         if (used < seq_len) { /* padding: one more segment */
-            for (int64_t j = used; j < seq_len; j++) {
-                rin[j] = pad_id;
-                rlab[j] = -100;
-                rpos[j] = j - used;
-            }
+            fill(rin + used, pad_id, seq_len - used);
+            fill(rlab + used, -100, seq_len - used);
+            iota(rpos + used, 0, seq_len - used);
             cu[nc++] = (int32_t)(row0 + seq_len);
         }
     }

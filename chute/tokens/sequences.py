@@ -228,8 +228,9 @@ class Sequences:
 
     def _read_packed(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
         """``pack="documents"``: sequences ``indices`` into ``outs`` (input_ids, labels, position_ids); returns
-        ``[cu_seqlens]`` of the batch."""
-        cu = np.empty(len(indices) * self.seq_len + 1, dtype=np.int32)
+        ``[cu_seqlens]`` of the batch (its own array: the batch's user may keep it; a Python call or two per batch,
+        bounded by tests/tokens/test_calls.py)."""
+        cu = np.empty(outs[0].size + 1, dtype=np.int32)  # at most one segment per position, + the leading 0
         while True:
             try:
                 count = _native.tokens_packed(

@@ -1,0 +1,62 @@
+"""The hot path's budget for token sequences: a batch of ``sequences(...)`` costs a handful of Python calls.
+
+Counted the way tests/pipeline/test_calls.py counts a W2 batch (``sys.setprofile`` on
+every thread, the Loader's default settings, a whole pass minus a pass resumed
+half-way): a count, not a timing, so it holds on any machine and under any load.
+``pack="documents"`` adds ``position_ids`` (one more block of the Loader's arena) and the
+variable-length ``cu_seqlens`` (one array per batch, handed to the user) to what a
+``concat`` batch costs; the bound keeps that from creeping up, whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import chute
+from tests.pipeline.test_calls import calls_of_a_pass
+
+#: Python calls per batch, all threads together, but the channel's ``lock.locked`` polls (below): measured
+#: 23.3-23.7 (concat) and 28.3-28.7 (documents), the larger figure at the larger batch (the order's chunks
+#: are shared by fewer batches); the budget leaves one call of room for the autotuner starting a thread
+#: mid-pass. A documents batch adds to a concat one: ``torch.from_numpy`` and a free-list ``pop`` for the
+#: position_ids block, ``np.empty`` and ``torch.from_numpy`` for cu_seqlens, the ``dict.update`` that puts
+#: it into the batch.
+BUDGET = {"concat": 25, "documents": 30}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """4,000 documents of 1 to 150 tokens (uint16), in several shards."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 151, 4000)
+    docs = [rng.integers(0, 1000, n).astype(np.uint16) for n in lengths]
+    return chute.tokens.write(docs, tmp_path_factory.mktemp("calls") / "tokens", shard_size="64KB")
+
+
+def calls_per_batch(make) -> tuple[float, collections.Counter]:
+    """Python calls per batch in the steady state: a whole pass minus a pass resumed half-way.
+
+    Leaves out ``lock.locked``: every few batches the loop samples how many batches are ready for the
+    autotuner, polling up to the prefetch depth's slots, a number of calls that depends on timing."""
+    warm = make()
+    for _ in warm:  # chute's modules imported, shards mapped and planned
+        pass
+    full = make()
+    half_way = full.order.state(0, full.order.num_rows // 2)
+    _, batches, counts = calls_of_a_pass(full)
+    _, batches_half, counts_half = calls_of_a_pass(make(), half_way)
+    counts.subtract(counts_half)
+    del counts["lock.locked"]
+    return sum(counts.values()) / (batches - batches_half), counts
+
+
+@pytest.mark.parametrize("pack", ["concat", "documents"])
+@pytest.mark.parametrize("batch_size", [4, 32])
+def test_a_sequence_batch_costs_a_fixed_handful_of_python_calls(corpus, pack, batch_size):
+    view = chute.tokens.sequences(corpus, 64, pack=pack)
+    assert len(view.shards) > 1 and len(view) // batch_size >= 40
+    per_batch, counts = calls_per_batch(lambda: chute.Loader(view, batch_size, shuffle=True, seed=0))
+    assert per_batch <= BUDGET[pack], f"{per_batch:.2f} calls per batch; per pass, the most frequent: {counts.most_common(16)}"
