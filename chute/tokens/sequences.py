@@ -45,7 +45,7 @@ from chute import _native
 from chute.errors import ShardError
 from chute.format.manifest import ShardInfo
 from chute.format.reader import check_indices, get_batch
-from chute.format.schema import Ragged, Schema, Tensor
+from chute.format.schema import ColumnType, Ragged, Schema, Tensor
 from chute.tokens.source import TokenSource, token_source
 
 __all__ = ["Sequences", "sequences", "PACKINGS", "check_documents"]
@@ -72,6 +72,7 @@ def packed_counts(source: TokenSource, seq_len: int) -> np.ndarray:
     counts = np.zeros(len(source.shards), dtype=np.int64)
     for i in range(len(source.shards)):
         _, _, offsets = source.map(i)
+        assert offsets is not None  # asked for (documents=True)
         counts[i] = _plan(source, i, offsets, seq_len, None)
     return counts
 
@@ -115,7 +116,7 @@ class Sequences:
         self.shards = tuple(
             ShardInfo(s.file, int(r), s.bytes, s.checksum, s.compression, s.stored_bytes) for s, r in zip(source.shards, rows)
         )
-        columns = {"input_ids": Tensor("int64", (seq_len,)), "labels": Tensor("int64", (seq_len,))}
+        columns: dict[str, ColumnType] = {"input_ids": Tensor("int64", (seq_len,)), "labels": Tensor("int64", (seq_len,))}
         if pack == "documents":
             columns["position_ids"] = Tensor("int64", (seq_len,))
             columns["cu_seqlens"] = Ragged("int32")
@@ -198,6 +199,7 @@ class Sequences:
             if self.pack == "concat":
                 self._sources[i] = (tokens, base)
                 return
+            assert offsets is not None  # asked for (documents)
             rows = self.shards[i].rows
             plan = np.empty(rows + 1, dtype=np.int64)
             try:  # one native pass: checks the offsets, counts and fills the plan
