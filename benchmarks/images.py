@@ -7,7 +7,9 @@ hits every configuration alike); the table shows medians and ratios between
 medians of the same run. samples/s is the steady state of one epoch (from the
 first batch to the last).
 
-  limit-2proc    Pillow decode + crop (_w4.decode_crop) in a plain loop on 2 processes: the two-core limit
+  limit-2proc    simplejpeg decode + crop (_w4.decode_crop_simplejpeg, chute's decoder) in a plain loop on 2
+                 processes: the two-core limit
+  pillow-loop-2proc  the same loop with Pillow (_w4.decode_crop), beside it
   torch-2        torch DataLoader(num_workers=2, batch 64) over a map Dataset, the same Pillow function
   chute-pillow   chute.Loader(transform=<the same Pillow function per sample>), autotuned: what users write today
   decodecrop     chute.Loader(transform=chute.images.DecodeCrop("jpeg", size=224, random=True)), autotuned
@@ -60,13 +62,14 @@ from _results import earlier_rows, save  # noqa: E402
 
 BATCH = 64
 CONFIGS = {
-    "w4": ["limit-2proc", "torch-2", "chute-pillow", "decodecrop", "decodecrop-t1", "decodecrop-t2", "decodecrop-t3",
+    "w4": ["limit-2proc", "pillow-loop-2proc", "torch-2", "chute-pillow", "decodecrop", "decodecrop-t1", "decodecrop-t2", "decodecrop-t3",
            "decodecrop-fast", "decoded"],
     "io": ["io-auto", "io-t2", "io-t4", "io-t6", "io-t8", "io-t12"],
     "imagenet": ["pillow-2proc", "pillow-draft-2proc", "in-rrc", "in-rrc-full", "in-rrc-t2"],
 }
 LABELS = {
-    "limit-2proc": "Pillow loop, 2 processes (the limit)",
+    "limit-2proc": "simplejpeg decode + crop loop, 2 processes (the limit: chute's decoder)",
+    "pillow-loop-2proc": "Pillow decode + crop loop, 2 processes",
     "torch-2": "torch DataLoader, num_workers=2, Pillow",
     "chute-pillow": "chute Loader, Pillow per sample, autotuned",
     "decodecrop": "chute Loader, DecodeCrop, autotuned",
@@ -160,8 +163,8 @@ def measure(config: str, data_dir: str) -> dict:
     n = len(ds)
     cpu0 = os.times()
     out: dict = {}
-    if config == "limit-2proc":
-        samples, seconds = limit_2proc(blob, offsets, n)
+    if config in ("limit-2proc", "pillow-loop-2proc"):
+        samples, seconds = limit_2proc(blob, offsets, n, decoder="simplejpeg" if config == "limit-2proc" else "pillow")
     elif config in ("pillow-2proc", "pillow-draft-2proc"):
         from _imagenet import pillow_2proc
 
@@ -290,7 +293,7 @@ def write_results(workload: str, runs: dict[str, list[dict]], repeats: int) -> N
 
 #: the peers a configuration is divided by, where the run has them
 REFS = ("limit-2proc", "torch-2", "pillow-2proc", "pillow-draft-2proc")
-REF_HEADERS = {"limit-2proc": "Pillow loop, 2 proc. (limit)", "torch-2": "torch DataLoader(2)",
+REF_HEADERS = {"limit-2proc": "simplejpeg loop, 2 proc. (limit)", "torch-2": "torch DataLoader(2)",
                "pillow-2proc": "Pillow loop, 2 proc.", "pillow-draft-2proc": "Pillow draft() loop, 2 proc."}
 TITLES = {"w4": "W4 with chute.images", "io": "I/O-bound transform (0.5 ms sleep per sample)",
           "imagenet": "ImageNet-like photos, RandomResizedCrop 224 + flip + normalize"}
