@@ -60,10 +60,11 @@ from typing import Any
 
 from chute._paths import default_cache_dir
 from chute.errors import CacheFullError, ChuteError, ShardError
+from chute.format import validate
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
 from chute.storage.direct import DIRECT_HOLDS, DirectReads
-from chute.storage.remote import Cancelled, Remote, verify_file
+from chute.storage.remote import Cancelled, Remote, verify_fd
 from chute.storage.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
 
 log = logging.getLogger("chute")
@@ -446,9 +447,21 @@ class ShardCache:
         try:
             for attempt in (1, 2):
                 self._fetch(info, part)
-                problem = verify_file(part, info.checksum, url, info.bytes)
-                if problem is None:
-                    break
+                fd = os.open(part, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    hashed = os.fstat(fd)
+                    problem = verify_fd(fd, info.checksum, url, info.bytes)
+                    if problem is None:
+                        with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither
+                            os.replace(part, final)
+                        # The bytes just hashed are the shard's: remembered, a reader's mapping of it is not hashed
+                        # again (unless the file changed since: then its identity no longer matches).
+                        now = os.fstat(fd)
+                        if (now.st_size, now.st_mtime_ns) == (hashed.st_size, hashed.st_mtime_ns):
+                            validate.remember(final, fd, info.checksum)
+                        break
+                finally:
+                    os.close(fd)
                 self.counts["checksum_failures"] += 1
                 if attempt == 2:
                     raise ShardError(
@@ -456,8 +469,6 @@ class ShardCache:
                         "Write the dataset to the remote store again"
                     )
                 log.warning("chute: %s; downloading it again", problem)
-            with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither
-                os.replace(part, final)
         except BaseException:
             _unlink(part)
             raise

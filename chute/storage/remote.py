@@ -610,12 +610,21 @@ def _pwritev(fd: int, chunks: list[bytes], offset: int) -> None:
 
 def verify_file(path: str, checksum: str, url: str, expected_size: int) -> str | None:
     """What is wrong with a downloaded file, or None when it matches the manifest."""
-    from chute.format.manifest import checksum_file
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return verify_fd(fd, checksum, url, expected_size)
+    finally:
+        os.close(fd)
 
-    size = os.path.getsize(path)
+
+def verify_fd(fd: int, checksum: str, url: str, expected_size: int) -> str | None:
+    """What is wrong with the downloaded file open at ``fd``, or None when it matches the manifest."""
+    from chute.format.manifest import checksum_fd
+
+    size = os.fstat(fd).st_size
     if size != expected_size:
         return f"{url}: downloaded {size} bytes, the manifest says {expected_size}"
-    digest = checksum_file(path, checksum.split(":", 1)[0])
+    digest = checksum_fd(fd, checksum.split(":", 1)[0])
     if digest != checksum:
         return f"{url}: checksum {digest} does not match the manifest's {checksum}"
     return None
@@ -626,4 +635,4 @@ def is_remote(url: str) -> bool:
     return "://" in url and url.split("://", 1)[0] not in LOCAL_PROTOCOLS
 
 
-__all__ = ["Remote", "RemoteError", "RetryPolicy", "is_remote", "is_transient", "verify_file"]
+__all__ = ["Remote", "RemoteError", "RetryPolicy", "is_remote", "is_transient", "verify_fd", "verify_file"]
