@@ -263,10 +263,27 @@ class MixOrder:
         full_steps = Order.full_steps
 
     def steps(self, epoch: int, first: int, count: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> np.ndarray:
-        """Rows of full steps ``[first, first + count)`` for ``rank``: a ``[count, batch_size]`` array (the Loader's form)."""
+        """Rows of full steps ``[first, first + count)`` for ``rank``: a ``[count, batch_size]`` array (the Loader's
+        form), equal to :meth:`batch` of each step, computed for the whole chunk at once: each source's stream
+        positions in one call, then one stable sort by step (sources in order within a step), the rank's deal,
+        and one stable sort by shard within each step."""
         if count == 0:
             return np.zeros((0, self.batch_size), dtype=np.int64)
-        return np.stack([self.batch(epoch, step, rank, world_size, consumed) for step in range(first, first + count)])
+        _check_world(world_size, rank)
+        full = self.full_steps(world_size, consumed)
+        if not (0 <= first and first + count <= full):
+            raise IndexError(f"steps {first} to {first + count - 1} are not all among the {full} full steps left in the epoch")
+        size = self.batch_size * world_size
+        bounds = self._trajectory(epoch, consumed, size).bounds[first : first + count + 1]  # [count + 1, sources]
+        per_step = np.diff(bounds, axis=0)  # rows of each source in each step
+        rows, step_of = [], []
+        for k in range(len(self.names)):
+            rows.append(self.base[k] + self.stream_rows(k, int(bounds[0, k]), int(bounds[-1, k])))
+            step_of.append(np.repeat(np.arange(count), per_step[:, k]))
+        together = np.concatenate(rows)[np.argsort(np.concatenate(step_of), kind="stable")]
+        mine = together.reshape(count, size)[:, rank::world_size]  # full steps: size rows each, dealt in turn
+        shard = np.searchsorted(self.offsets, mine, side="right")
+        return np.take_along_axis(mine, np.argsort(shard, axis=1, kind="stable"), axis=1)
 
     # ------------------------------------------------------------------ plans and counters
 

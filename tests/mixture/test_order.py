@@ -281,6 +281,30 @@ def test_shares_follow_the_new_weights_after_a_change() -> None:
 
 
 @SETTINGS
+@given(mix_orders(), world_sizes, st.data())
+def test_steps_of_a_chunk_are_each_steps_batch(order: MixOrder, world_size: int, data) -> None:
+    epoch = data.draw(st.integers(0, 2))
+    consumed = 0
+    if epoch == 0 and data.draw(st.booleans()):  # a weight change inside the pass, which reached it first
+        before = data.draw(st.integers(0, order.num_batches(world_size)))
+        _run(order, 0, world_size, 0, before)
+        order.set_weights(0, order.consumed_after(before, world_size), {n: data.draw(weights_st) for n in order.names})
+    elif epoch == 0:  # a pass resumed mid-epoch
+        consumed = order.consumed_after(data.draw(st.integers(0, order.num_batches(world_size))), world_size)
+    full = order.full_steps(world_size, consumed)
+    first = data.draw(st.integers(0, full))
+    count = data.draw(st.integers(0, full - first))
+    rank = data.draw(st.integers(0, world_size - 1))
+    chunk = order.steps(epoch, first, count, rank, world_size, consumed)
+    assert chunk.shape == (count, order.batch_size) and chunk.dtype == np.int64
+    for i, step in enumerate(range(first, first + count)):
+        np.testing.assert_array_equal(chunk[i], order.batch(epoch, step, rank, world_size, consumed))
+    if full:
+        with pytest.raises(IndexError):
+            order.steps(epoch, first, full - first + 1, rank, world_size, consumed)
+
+
+@SETTINGS
 @given(mix_orders(), world_sizes)
 def test_batches_are_grouped_by_source_and_shard(order: MixOrder, world_size: int) -> None:
     for step in range(min(3, order.num_batches(world_size))):
