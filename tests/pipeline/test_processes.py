@@ -258,6 +258,8 @@ def test_process_exiting_mid_epoch_leaves_nothing(ds, tmp_path, how):
                 return {"id": sample["id"]}
 
             if __name__ == "__main__":
+                import faulthandler, signal
+                faulthandler.register(signal.SIGUSR2, all_threads=True)  # the test asks for the stacks if it hangs
                 loader = chute.Loader(sys.argv[1], 8, transform=slow, workers=chute.Workers("processes", count=2))
                 iterator = iter(loader)
                 next(iterator), next(iterator)
@@ -276,7 +278,13 @@ def test_process_exiting_mid_epoch_leaves_nothing(ds, tmp_path, how):
         started = time.monotonic()
         if how == "sigint":
             child.send_signal(signal.SIGINT)
-        _, stderr = child.communicate(timeout=30)
+        try:
+            _, stderr = child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGUSR2)  # every thread's stack on its stderr, then the failure shows them
+            time.sleep(2)
+            child.kill()
+            pytest.fail(f"the process did not exit within 30 s ({how}); its threads:\n{child.communicate()[1]}")
         assert time.monotonic() - started < 30
     finally:
         child.kill()
