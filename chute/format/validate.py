@@ -289,7 +289,10 @@ def _pause(seconds: float) -> None:
 @contextlib.contextmanager
 def _hashing(marker: str) -> Iterator[None]:
     """Hold the lock of the shard behind ``marker`` (another process hashing it: wait, up to ``HASH_WAIT``).
-    Without a usable lock file (no fcntl, a read-only cache) nothing is held: the shard is hashed anyway."""
+    Without a usable lock file (no fcntl, a read-only cache) nothing is held: the shard is hashed anyway.
+
+    The wait polls (1 ms, doubling to 50 ms) because ``flock`` has no timeout: a blocking wait on a stopped
+    holder would never end, and the hash it waits for takes milliseconds to a second."""
     try:
         import fcntl
 
