@@ -33,6 +33,24 @@ log = logging.getLogger("chute")
 READY_EVERY = 8
 #: Every how many batches the adaptive stall timeout is recomputed.
 TIMEOUT_EVERY = 64
+#: The longest the training loop waits for a batch in one blocking call when it runs in the main thread.
+#: CPython raises a Ctrl-C (SIGINT) in the main thread when that thread next runs Python code; if the kernel
+#: delivered the signal to another thread (a worker, a download), a main thread blocked in a lock would
+#: not wake for it: its wait wakes this often to let the KeyboardInterrupt through.
+SIGNAL_WAKE_S = 0.25
+
+
+def _take_waking(take: Any, step: Any, timeout: float, since_ns: int) -> Any:
+    """``take(step, timeout)`` in the main thread, in waits of at most ``SIGNAL_WAKE_S`` (see there); raises
+    ``TimeoutError`` once ``timeout`` seconds (-1: never) have passed since ``since_ns``."""
+    while True:
+        left = SIGNAL_WAKE_S if timeout < 0 else timeout - (time.perf_counter_ns() - since_ns) / 1e9
+        if left <= 0:
+            raise TimeoutError(step)
+        try:
+            return take(step, min(left, SIGNAL_WAKE_S))
+        except TimeoutError:
+            continue
 
 
 class Pass:
@@ -128,6 +146,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
         history = watch.history if watch is not None else None
         next_tick = tuner.next_ns if tuner is not None else 1 << 62
     per_batch = loader.hooks.per_batch  # subscribers to every batch: none by default, and then no call
+    in_main = threading.current_thread() is threading.main_thread()  # see SIGNAL_WAKE_S
     called = clock()
     restarting = State.RESTARTING
     end = Event.END
@@ -142,9 +161,15 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                 submitted, step = _prime(executor, n), 0
                 continue
             try:
-                item = take(step, timeout)
-            except TimeoutError:
-                item = watch.wait(run, step, take, called)
+                try:
+                    item = take(step, SIGNAL_WAKE_S if in_main else timeout)
+                except TimeoutError:
+                    try:
+                        if not in_main:
+                            raise
+                        item = _take_waking(take, step, timeout, called)
+                    except TimeoutError:
+                        item = watch.wait(run, step, take, called)
             except Closed:
                 raise ended(run) from None
             got = clock()

@@ -125,3 +125,56 @@ def test_an_iterator_left_open_after_close_ends_quietly_at_interpreter_exit(tmp_
     assert done.returncode == 0, done.stderr
     assert "1 batches" in done.stdout  # the report's window ended at close(), with the one batch taken
     assert done.stderr == "", done.stderr  # no "hook raised" traceback at exit
+
+
+_CTRL_C_ELSEWHERE = """
+import signal, sys, threading, time
+import numpy as np
+import chute
+ds = chute.write(({"x": np.full(4, i, np.float32), "id": i} for i in range(64)), sys.argv[1], shard_size=4000)
+blocked, release, where = threading.Event(), threading.Event(), {}
+
+def transform(sample):  # the second batch never finishes: the loop waits for it with nothing else arriving
+    if sample["id"] >= 8:
+        where["thread"] = threading.get_ident()
+        blocked.set()
+        release.wait()
+    return sample
+
+def loop_waits():  # the main thread is inside the channel's take (waiting for the batch)
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None and frame.f_code.co_name != "take":
+        frame = frame.f_back
+    return frame is not None
+
+def ctrl_c():  # Ctrl-C as the kernel may deliver it: to a thread other than the main one
+    blocked.wait()
+    while not loop_waits():
+        time.sleep(0.01)
+    signal.pthread_kill(where["thread"], signal.SIGINT)
+    while loop_waits():  # the loop must wake for it (if it never does, the test times out)
+        time.sleep(0.01)
+    release.set()  # then the blocked batch may finish, and close() joins its thread
+
+loader = chute.Loader(ds, 8, transform=transform, workers=chute.Workers(count=1), watchdog=None)
+it = iter(loader)
+next(it)
+threading.Thread(target=ctrl_c, daemon=True).start()
+try:
+    next(it)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+finally:
+    release.set()
+loader.close()
+"""
+
+
+def test_ctrl_c_delivered_to_another_thread_interrupts_the_waiting_loop(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CTRL_C_ELSEWHERE, str(tmp_path / "ds")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted"
