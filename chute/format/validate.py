@@ -241,15 +241,6 @@ class ShardChecks:
         prune_markers(bucket)
 
 
-def remember(path: str, fd: int, checksum: str) -> None:
-    """Record on this machine that the file open at ``fd``, named ``path``, has ``checksum`` (hashed from
-    ``fd`` by the caller, unchanged since; a node cache's verified download): a reader that maps it later
-    finds the marker and does not hash it again. Failures only cost that hash."""
-    marker = _marker_path(path)
-    if marker is not None:
-        _write_marker(marker, " ".join(map(str, _identity(fd))) + f" {checksum}", os.path.dirname(os.path.realpath(path)))
-
-
 def _identity(fd: int) -> tuple[int, int, int, int, int]:
     st = os.fstat(fd)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
@@ -414,5 +405,4 @@ def _unlink(path: str) -> int:
         return 0
 
 
-__all__ = ["ShardChecks", "check_batches", "check_bytes", "check_empty_shards", "check_file", "checksum_buffer", "prune_markers",
-           "remember"]
+__all__ = ["ShardChecks", "check_batches", "check_bytes", "check_empty_shards", "check_file", "checksum_buffer", "prune_markers"]

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import logging
 import math
@@ -60,11 +59,10 @@ from typing import Any
 
 from chute._paths import default_cache_dir
 from chute.errors import CacheFullError, ChuteError, ShardError
-from chute.format import validate
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
 from chute.storage.direct import DIRECT_HOLDS, DirectReads
-from chute.storage.remote import Cancelled, Remote, verify_fd
+from chute.storage.remote import Cancelled, Remote, verify_file
 from chute.storage.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
 
 log = logging.getLogger("chute")
@@ -202,8 +200,7 @@ class ShardCache:
         self._inherited = True
         self.direct = DirectReads(self)
         if self.sharing is not None:
-            self.sharing = Sharing(self.cache_dir, self.sharing.limit, name="chute-share",
-                                   direct_minimum=self.sharing.direct_minimum)
+            self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=self.sharing.direct_minimum)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return f"ShardCache({self.remote.url!r} in {self.dir!r}, limit={self.limit})"
@@ -297,7 +294,6 @@ class ShardCache:
     def acquire(self, i: int) -> str:
         """Hold shard ``i`` in the cache, downloading it if needed; its local path."""
         self._after_fork()
-        sharing = self.sharing
         with self._cond:
             while True:
                 if self._refs.get(i, 0) > 0:
@@ -309,17 +305,17 @@ class ShardCache:
                     self._use_claim(i)
                     break
                 self._cond.wait()  # another thread of this process is getting it
-            reserved = i in self._reserved
+            reserved = i in self._reserved or self.sharing is None
         fd = None
         try:
-            if sharing is not None and not reserved:  # a direct read: wait for room in the lease (holding nothing new)
+            if not reserved:  # a direct read: wait for room in the lease (holding nothing new)
                 size = self.manifest.shards[i].bytes
-                sharing.reserve(size, cancelled=self.remote.cancelled)
+                self.sharing.reserve(size, cancelled=self.remote.cancelled)  # type: ignore[union-attr]
                 with self._cond:
                     twice = i in self._reserved  # a claim counted it meanwhile
                     self._reserved.add(i)
                 if twice:
-                    sharing.unreserve(size)
+                    self.sharing.unreserve(size)  # type: ignore[union-attr]
             fd = self._hold(i)
         finally:
             with self._cond:
@@ -343,8 +339,7 @@ class ShardCache:
         if i in self._reserved and not (self._refs.get(i) or i in self._loading or self._claims.get(i)):
             self._reserved.discard(i)
             size = self.manifest.shards[i].bytes
-            assert self.sharing is not None, "only a shared lease reserves shards"
-            self.sharing.unreserve(size)
+            self.sharing.unreserve(size)  # type: ignore[union-attr]
             return size
         return 0
 
@@ -447,21 +442,9 @@ class ShardCache:
         try:
             for attempt in (1, 2):
                 self._fetch(info, part)
-                fd = os.open(part, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                try:
-                    hashed = os.fstat(fd)
-                    problem = verify_fd(fd, info.checksum, url, info.bytes)
-                    if problem is None:
-                        with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither
-                            os.replace(part, final)
-                        # The bytes just hashed are the shard's: remembered, a reader's mapping of it is not hashed
-                        # again (unless the file changed since: then its identity no longer matches).
-                        now = os.fstat(fd)
-                        if (now.st_size, now.st_mtime_ns) == (hashed.st_size, hashed.st_mtime_ns):
-                            validate.remember(final, fd, info.checksum)
-                        break
-                finally:
-                    os.close(fd)
+                problem = verify_file(part, info.checksum, url, info.bytes)
+                if problem is None:
+                    break
                 self.counts["checksum_failures"] += 1
                 if attempt == 2:
                     raise ShardError(
@@ -469,12 +452,13 @@ class ShardCache:
                         "Write the dataset to the remote store again"
                     )
                 log.warning("chute: %s; downloading it again", problem)
+            with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither
+                os.replace(part, final)
         except BaseException:
             _unlink(part)
             raise
         self.counts["shards_downloaded"] += 1
-        stored = info.stored_bytes if info.compression else None  # a compressed shard's has it (parse_manifest)
-        self.counts["bytes_downloaded"] += info.bytes if stored is None else stored
+        self.counts["bytes_downloaded"] += info.stored_bytes if info.compression else info.bytes  # type: ignore[operator]
 
     def _fetch(self, info: ShardInfo, part: str) -> None:
         if info.compression is None:
@@ -555,7 +539,7 @@ class ShardCache:
             if directory == self.dir and name in mine:
                 continue
             path = os.path.join(directory, name)
-            if _try_exclusive(directory, name, functools.partial(_unlink, path)):
+            if _try_exclusive(directory, name, lambda p=path: _unlink(p)):  # type: ignore[misc]
                 used -= shard_size
                 self.counts["evictions"] += 1
                 if used + size <= self.limit:

@@ -131,6 +131,7 @@ _CTRL_C_ELSEWHERE = """
 import signal, sys, threading, time
 import numpy as np
 import chute
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Python leaves SIGINT ignored if started so (a `cmd &` job)
 ds = chute.write(({"x": np.full(4, i, np.float32), "id": i} for i in range(64)), sys.argv[1], shard_size=4000)
 blocked, release, where = threading.Event(), threading.Event(), {}
 

@@ -260,6 +260,7 @@ def test_process_exiting_mid_epoch_leaves_nothing(ds, tmp_path, how):
             if __name__ == "__main__":
                 import faulthandler, signal
                 faulthandler.register(signal.SIGUSR2, all_threads=True)  # the test asks for the stacks if it hangs
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
                 loader = chute.Loader(sys.argv[1], 8, transform=slow, workers=chute.Workers("processes", count=2))
                 iterator = iter(loader)
                 next(iterator), next(iterator)

@@ -73,13 +73,6 @@ def test_http_epoch_makes_one_get_per_shard_and_downloads_on_chute_threads(http_
     assert names and all(n.startswith("chute-") for n in names), names  # never the loop's thread
 
 
-def test_a_downloaded_shard_is_hashed_once_by_the_download_check_not_again_when_mapped(served, tmp_path):
-    ds = chute.open(served, cache_dir=tmp_path / "cache")  # verify=True
-    rows = epoch_columns(loader(ds))
-    assert len(next(iter(rows.values()))) == len(ds) and ds.cache.stats()["shards_downloaded"] == len(ds.shards)
-    assert ds._checks.hashed == 0  # each download's checksum check was remembered for the reader's mapping
-
-
 def test_s3_epoch_makes_one_get_per_shard_and_no_head(on_s3, s3_proxy, tmp_path):
     url, options = on_s3
     ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=options)
