@@ -207,7 +207,7 @@ class ShardChecks:
         if not self.verify or identity in self._done:
             return
         marker = _marker_path(path)
-        record = _record(identity, info)
+        record = _record(identity, info.checksum)
         if marker is None:
             check_bytes(mapped, path, info, where)
             self.hashed += 1
@@ -241,13 +241,22 @@ class ShardChecks:
         prune_markers(bucket)
 
 
+def remember(path: str, fd: int, checksum: str) -> None:
+    """Record on this machine that the file open at ``fd``, named ``path``, has ``checksum`` (hashed from
+    ``fd`` by the caller, unchanged since: a node cache's verified download), so that a reader mapping it
+    later finds the marker instead of hashing the same bytes again. Failures only cost that hash."""
+    marker = _marker_path(path)
+    if marker is not None:
+        _write_marker(marker, _record(_identity(fd), checksum), os.path.dirname(os.path.realpath(path)))
+
+
 def _identity(fd: int) -> tuple[int, int, int, int, int]:
     st = os.fstat(fd)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def _record(identity: tuple[int, ...], info: ShardInfo) -> str:
-    return " ".join(map(str, identity)) + f" {info.checksum}"
+def _record(identity: tuple[int, ...], checksum: str) -> str:
+    return " ".join(map(str, identity)) + f" {checksum}"
 
 
 def _bucket_name(directory: str) -> str:
@@ -405,4 +414,5 @@ def _unlink(path: str) -> int:
         return 0
 
 
-__all__ = ["ShardChecks", "check_batches", "check_bytes", "check_empty_shards", "check_file", "checksum_buffer", "prune_markers"]
+__all__ = ["ShardChecks", "check_batches", "check_bytes", "check_empty_shards", "check_file", "checksum_buffer", "prune_markers",
+           "remember"]

@@ -15,7 +15,9 @@ The rules (thresholds are the constants below):
 * Every change that is meant to end the waiting is a **trial**: it is made
   after ``SETTLE`` windows at the current settings (the first window of a pass,
   its start-up, does not give a rate) and the best of them is the rate it is
-  judged against; it is judged on the best of the ``SETTLE`` windows after it
+  judged against; a *starved* window (the loop only waited, the workers were
+  busy and a whole core idle: ``STARVED``) is enough on its own, even a pass's
+  first, to start a thread's trial; it is judged on the best of the ``SETTLE`` windows after it
   (the first of which the change itself disturbs). If the loop still waits and
   samples/s did not rise by ``GAIN``, the change is undone and the setting it
   came from becomes a ceiling for the rest of the loader's life (the wait
@@ -71,6 +73,8 @@ BUSY = 0.80
 GAIN = 1.05
 #: Calm windows (no waiting, >= 3 batches always ready) before the depth shrinks by one.
 CALM = 2
+#: The loop waits at least this share of a window: starved (see Policy._starved).
+STARVED = 0.9
 #: Windows at the same settings (the first one of a pass not counted) before a trial starts or is judged.
 SETTLE = 2
 #: Share of a core the CPU in use may exceed the budget by when one more thread is tried, and
@@ -263,10 +267,11 @@ class Policy:
         if self.tune_threads and self.threads > self._thread_limit():
             # the memory budget allows fewer batches in flight than threads: the extra ones would idle
             changes.append(self._set_threads(self._thread_limit(), f"only {limit} batch(es) fit in the memory budget"))
+        starved = self._starved(window)
         if changes:
             self._trial = None  # the settings moved under the trial: nothing to judge
-        else:  # the first window of a pass counts as a window, but its rate is start-up's: NaN
-            self._steady.append((math.nan if self._first_of_pass else window.rate, window.wait_fraction))
+        else:  # the first window of a pass counts as a window, but its rate is start-up's (NaN) unless starved
+            self._steady.append((math.nan if self._first_of_pass and not starved else window.rate, window.wait_fraction))
         self._first_of_pass = False
         settled = len(self._steady) >= SETTLE
         best = max((s for s in self._steady[-SETTLE:] if s[0] == s[0]), default=None)  # s[0] == s[0]: not NaN
@@ -282,7 +287,7 @@ class Policy:
             if busy >= BUSY and self.tune_threads:
                 cpu = self._cpu_full(window)
                 if self.threads < min(self.ceiling, self._thread_limit()) and cpu is None:
-                    if not settled or best is None:
+                    if not (settled or starved) or best is None:
                         return changes  # one more window at these settings first
                     change = self._set_threads(
                         self.threads + 1,
@@ -350,6 +355,15 @@ class Policy:
             min(trial.depth, limit),
             f"prefetch {self.depth} did not help: {measured}; back to {trial.depth} (the wait is not for lack of batches started)",
         )]
+
+    def _starved(self, window: Window) -> bool:
+        """Whether the window leaves no doubt that a thread is missing: the loop did nothing but wait
+        (``STARVED``), the workers were busy, and a whole core of the budget was idle. Then its rate is a
+        baseline even as a pass's first window (nothing was built ahead for it to drain), and one such window
+        is enough to start a thread's trial (``SETTLE`` windows judge it as always)."""
+        cores = window.cores
+        return (window.wait_fraction >= STARVED and window.utilisation >= BUSY and cores is not None
+                and cores + 1 <= self.cpu_budget)
 
     def _thread_limit(self) -> int:
         """Threads the budgets allow by count: ``max_threads``, and one batch in flight per thread."""

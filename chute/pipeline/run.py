@@ -53,6 +53,11 @@ def _take_waking(take: Any, step: Any, timeout: float, since_ns: int) -> Any:
             continue
 
 
+def _waking(take: Any) -> Any:
+    """``take(step, timeout)`` made to wake every ``SIGNAL_WAKE_S`` (the watchdog's waits in the main thread)."""
+    return lambda step, timeout: _take_waking(take, step, timeout, time.perf_counter_ns())
+
+
 class Pass:
     """The running state of one pass over ``epoch``, from global position ``start``."""
 
@@ -169,7 +174,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
                             raise
                         item = _take_waking(take, step, timeout, called)
                     except TimeoutError:
-                        item = watch.wait(run, step, take, called)
+                        item = watch.wait(run, step, _waking(take) if in_main else take, called)
             except Closed:
                 raise ended(run) from None
             got = clock()
@@ -278,6 +283,7 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
     counters = meter.counters if meter is not None else None
     loader = run.loader
     per_batch = loader.hooks.per_batch
+    in_main = threading.current_thread() is threading.main_thread()  # see SIGNAL_WAKE_S
     called = clock()
     k = 0
     end = Event.END
@@ -285,9 +291,15 @@ def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = No
         while True:
             try:
                 try:
-                    step, rows, batch = take(timeout)
+                    step, rows, batch = take(SIGNAL_WAKE_S if in_main else timeout)
                 except TimeoutError:
-                    step, rows, batch = watch.wait(run, run.received, lambda _, t: take(t), called)
+                    take2 = lambda _, t: take(t)  # noqa: E731
+                    try:
+                        if not in_main:
+                            raise
+                        step, rows, batch = _take_waking(take2, None, timeout, called)
+                    except TimeoutError:
+                        step, rows, batch = watch.wait(run, run.received, _waking(take2) if in_main else take2, called)
             except Closed:
                 raise ended(run) from None
             except StopIteration:

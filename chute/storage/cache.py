@@ -59,10 +59,11 @@ from typing import Any
 
 from chute._paths import default_cache_dir
 from chute.errors import CacheFullError, ChuteError, ShardError
+from chute.format import validate
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
 from chute.storage.direct import DIRECT_HOLDS, DirectReads
-from chute.storage.remote import Cancelled, Remote, verify_file
+from chute.storage.remote import Cancelled, Remote, verify_fd
 from chute.storage.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
 
 log = logging.getLogger("chute")
@@ -441,8 +442,8 @@ class ShardCache:
         url = self.remote.url + "/" + info.stored_file
         try:
             for attempt in (1, 2):
-                self._fetch(info, part)
-                problem = verify_file(part, info.checksum, url, info.bytes)
+                streamed = self._fetch(info, part)
+                problem = self._place(part, final, info, url, streamed)
                 if problem is None:
                     break
                 self.counts["checksum_failures"] += 1
@@ -452,18 +453,44 @@ class ShardCache:
                         "Write the dataset to the remote store again"
                     )
                 log.warning("chute: %s; downloading it again", problem)
-            with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither
-                os.replace(part, final)
         except BaseException:
             _unlink(part)
             raise
         self.counts["shards_downloaded"] += 1
         self.counts["bytes_downloaded"] += info.stored_bytes if info.compression else info.bytes  # type: ignore[operator]
 
-    def _fetch(self, info: ShardInfo, part: str) -> None:
+    def _place(self, part: str, final: str, info: ShardInfo, url: str, streamed: str | None) -> str | None:
+        """Check the downloaded ``part`` against the manifest (``streamed``: the checksum of its bytes,
+        hashed as they were written; None: hash the file) and, when it matches, rename it into place and
+        remember its checksum for the readers; else what is wrong with it (``part`` stays)."""
+        fd = os.open(part, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            hashed = os.fstat(fd)
+            if streamed is None:
+                problem = verify_fd(fd, info.checksum, url, info.bytes)
+            elif hashed.st_size != info.bytes:
+                problem = f"{url}: downloaded {hashed.st_size} bytes, the manifest says {info.bytes}"
+            elif streamed != info.checksum:
+                problem = f"{url}: checksum {streamed} does not match the manifest's {info.checksum}"
+            else:
+                problem = None
+            if problem is not None:
+                return problem
+            with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither
+                os.replace(part, final)
+            # The bytes just hashed are the shard's: remembered (with the file's identity after the rename),
+            # the reader's mapping of it does not hash them again; a file changed since no longer matches.
+            now = os.fstat(fd)
+            if (now.st_size, now.st_mtime_ns) == (hashed.st_size, hashed.st_mtime_ns):
+                validate.remember(final, fd, info.checksum)
+            return None
+        finally:
+            os.close(fd)
+
+    def _fetch(self, info: ShardInfo, part: str) -> str | None:
+        """Download shard ``info`` into ``part``; the checksum of its bytes when hashed on the way (else None)."""
         if info.compression is None:
-            self.remote.download(info.file, part, info.bytes)
-            return
+            return self.remote.download(info.file, part, info.bytes, info.checksum.split(":", 1)[0])
         try:
             import zstandard
         except ImportError:
@@ -482,6 +509,7 @@ class ShardCache:
             written = out.tell()
             if written < info.bytes:  # a cut stream: the checksum check will catch it; keep the reservation size
                 out.truncate(info.bytes)
+        return None
 
     def _reserve(self, i: int, size: int) -> str | None:
         """Create shard ``i``'s ``.part`` file at full size, evicting to stay under the limit; None

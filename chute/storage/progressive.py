@@ -128,20 +128,29 @@ class Progressive:
         """The complete shards in the cache now, each held by a new per-epoch cache view."""
         filler = self._start()
         full = self.cache
-        with filler.arrived:
-            while True:
-                present = [i for i in range(len(full.manifest.shards)) if full.cached(i)]
-                if len(present) >= min(self.min_shards, len(full.manifest.shards)):
-                    break
-                if filler.error is not None:
-                    raise ChuteError(f"progressive mode: downloading {full.remote.url} failed: {filler.error}") from filler.error
-                filler.arrived.wait(timeout=5.0)
-        view = self._view(present)
-        with cache_lock(view.cache_dir):  # eviction needs this lock: nothing leaves while we hold
-            held = [k for k, i in enumerate(present) if full.cached(i)]
-            for k in held:
-                view.acquire(k)
-        return [present[k] for k in held], view
+        need = min(self.min_shards, len(full.manifest.shards))
+        while True:
+            with filler.arrived:
+                while True:
+                    present = [i for i in range(len(full.manifest.shards)) if full.cached(i)]
+                    if len(present) >= need:
+                        break
+                    if filler.error is not None:
+                        raise ChuteError(f"progressive mode: downloading {full.remote.url} failed: {filler.error}") from filler.error
+                    filler.arrived.wait(timeout=5.0)
+            # The filler may evict one of them before the lock is ours: the epoch's set (and its view, whose
+            # manifest is the epoch's dataset) is what is still complete under the lock, never ``present``.
+            with cache_lock(full.cache_dir):  # eviction needs this lock: nothing leaves while we hold
+                held = [i for i in present if full.cached(i)]
+                if len(held) >= need:
+                    view = self._view(held)
+                    try:
+                        for k in range(len(held)):
+                            view.acquire(k)
+                    except BaseException:
+                        view.close()  # no hold outlives a failed start
+                        raise
+                    return held, view
 
     def _view(self, shards: list[int]) -> ShardCache:
         full = self.cache

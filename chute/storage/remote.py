@@ -472,8 +472,10 @@ class Remote:
             return [(0, size)]
         return [(start, min(self.part_size, size - start)) for start in range(0, size, self.part_size)]
 
-    def download(self, name: str, dest: str, size: int) -> None:
-        """Write object ``name`` (``size`` bytes) into the existing file ``dest``.
+    def download(self, name: str, dest: str, size: int, algorithm: str | None = None) -> str | None:
+        """Write object ``name`` (``size`` bytes) into the existing file ``dest``; with ``algorithm``, the
+        ``"<algorithm>:<hex>"`` checksum of the bytes written, hashed as they arrived, when they came in
+        order in one GET (else None: the caller hashes the file).
 
         In one GET, or as byte ranges (see :meth:`plan`) fetched ``parallel`` at
         a time by threads that end with the download (no pool is kept: it would
@@ -490,12 +492,14 @@ class Remote:
             if len(parts) > 1:
                 try:
                     self._ranges(fd, path, url, parts, cancel)
-                    return
+                    return None
                 except RangeIgnored as exc:
                     if self.ranges:
                         log.info("chute: %s; downloading whole objects from %s from now on", exc, self.url)
                     self.ranges = False
-            self._whole(fd, path, url, size)
+            digest = None if algorithm is None else StreamHash(algorithm)
+            self._whole(fd, path, url, size, digest)
+            return None if digest is None else digest.result(size)
         finally:
             os.close(fd)
 
@@ -530,14 +534,19 @@ class Remote:
 
         self.call("GET", url, get)
 
-    def _whole(self, fd: int, path: str, url: str, size: int) -> None:
+    def _whole(self, fd: int, path: str, url: str, size: int, digest: StreamHash | None = None) -> None:
+        def write(offset: int, chunks: list[bytes]) -> None:
+            _pwritev(fd, chunks, offset)
+            if digest is not None:
+                digest.feed(offset, chunks)
+
         def get() -> None:
             with inflight.track("GET", url, None, size):
                 if stream.streams(self.fs):
-                    got = self._get(path, url, None, None, lambda offset, chunks: _pwritev(fd, chunks, offset))
+                    got = self._get(path, url, None, None, write)
                 else:
                     data = self.fs.cat_file(path)
-                    os.pwrite(fd, data, 0)
+                    write(0, [data])
                     got = len(data)
             if got != size:
                 raise ShortRead(f"got {got} of {size} bytes")
@@ -596,6 +605,40 @@ class Remote:
             pass  # leftovers of a replaced dataset are harmless; the manifest no longer lists them
 
 
+class StreamHash:
+    """The checksum of a download's bytes, fed as they are written (no second read of the file).
+
+    Valid only for bytes fed in order from offset 0: a retry that starts the object
+    again (offset 0) starts the hash again; bytes fed anywhere else make it unusable
+    (``result`` is None and the caller hashes the file instead)."""
+
+    def __init__(self, algorithm: str) -> None:
+        from chute.format.manifest import new_hasher
+
+        self.algorithm = algorithm
+        self._new = new_hasher
+        self._hasher = new_hasher(algorithm)
+        self.position = 0
+        self.broken = False
+
+    def feed(self, offset: int, chunks: list[bytes]) -> None:
+        if offset == 0 and self.position:  # a retry from the start
+            self._hasher, self.position, self.broken = self._new(self.algorithm), 0, False
+        if self.broken or offset != self.position:
+            self.broken = True
+            return
+        update = self._hasher.update
+        for chunk in chunks:
+            update(chunk)
+            self.position += len(chunk)
+
+    def result(self, size: int) -> str | None:
+        """The checksum, if every byte of the ``size``-byte object was fed in order."""
+        if self.broken or self.position != size:
+            return None
+        return f"{self.algorithm}:{self._hasher.hexdigest()}"
+
+
 def _pwritev(fd: int, chunks: list[bytes], offset: int) -> None:
     """Write ``chunks`` one after another at ``offset`` of ``fd`` (one system call, no joined copy)."""
     total = sum(len(c) for c in chunks)
@@ -606,15 +649,6 @@ def _pwritev(fd: int, chunks: list[bytes], offset: int) -> None:
             n = os.pwrite(fd, data, offset + written)
             written += n
             data = data[n:]
-
-
-def verify_file(path: str, checksum: str, url: str, expected_size: int) -> str | None:
-    """What is wrong with a downloaded file, or None when it matches the manifest."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        return verify_fd(fd, checksum, url, expected_size)
-    finally:
-        os.close(fd)
 
 
 def verify_fd(fd: int, checksum: str, url: str, expected_size: int) -> str | None:
@@ -635,4 +669,4 @@ def is_remote(url: str) -> bool:
     return "://" in url and url.split("://", 1)[0] not in LOCAL_PROTOCOLS
 
 
-__all__ = ["Remote", "RemoteError", "RetryPolicy", "is_remote", "is_transient", "verify_fd", "verify_file"]
+__all__ = ["Remote", "RemoteError", "RetryPolicy", "is_remote", "is_transient", "verify_fd"]

@@ -157,7 +157,8 @@ def ctrl_c():  # Ctrl-C as the kernel may deliver it: to a thread other than the
         time.sleep(0.01)
     release.set()  # then the blocked batch may finish, and close() joins its thread
 
-loader = chute.Loader(ds, 8, transform=transform, workers=chute.Workers(count=1), watchdog=None)
+device = None if sys.argv[2] == "none" else sys.argv[2]  # with a device, the loop waits on the device stage
+loader = chute.Loader(ds, 8, transform=transform, workers=chute.Workers(count=1), watchdog=None, device=device)
 it = iter(loader)
 next(it)
 threading.Thread(target=ctrl_c, daemon=True).start()
@@ -171,11 +172,12 @@ loader.close()
 """
 
 
-def test_ctrl_c_delivered_to_another_thread_interrupts_the_waiting_loop(tmp_path):
+@pytest.mark.parametrize("device", ["none", "cpu"])
+def test_ctrl_c_delivered_to_another_thread_interrupts_the_waiting_loop(tmp_path, device):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _CTRL_C_ELSEWHERE, str(tmp_path / "ds")], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", _CTRL_C_ELSEWHERE, str(tmp_path / "ds"), device], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted"

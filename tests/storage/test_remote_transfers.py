@@ -14,6 +14,7 @@ import pytest
 import chute
 from chute.order import Order
 from chute.storage import stream
+from chute.storage.remote import StreamHash
 from tests.servers import s3_storage_options
 from tests.storage._helpers import (
     BATCH,
@@ -25,6 +26,15 @@ from tests.storage._helpers import (
     shard_gets,
     write_dataset,
 )
+
+
+def checksum_bytes(data: bytes, algorithm: str) -> str:
+    import hashlib
+
+    import xxhash
+
+    digest = xxhash.xxh3_128(data) if algorithm == "xxh3_128" else hashlib.blake2b(data, digest_size=16)
+    return f"{algorithm}:{digest.hexdigest()}"
 
 
 @pytest.fixture
@@ -71,6 +81,36 @@ def test_http_epoch_makes_one_get_per_shard_and_downloads_on_chute_threads(http_
     manifest = (http_server.root / "ds" / "manifest.json").stat().st_size
     assert http_server.bytes_sent == manifest + sum(s.bytes for s in ds.shards)  # the epoch downloaded 1.00x
     assert names and all(n.startswith("chute-") for n in names), names  # never the loop's thread
+
+
+def test_a_downloaded_shard_is_hashed_once_by_the_download_check_not_again_when_mapped(served, tmp_path):
+    ds = chute.open(served, cache_dir=tmp_path / "cache")  # verify=True
+    rows = epoch_columns(loader(ds))
+    assert len(next(iter(rows.values()))) == len(ds) and ds.cache.stats()["shards_downloaded"] == len(ds.shards)
+    assert ds._checks.hashed == 0  # each download's checksum check was remembered for the reader's mapping
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "blake2b"])
+def test_a_download_is_hashed_as_it_arrives_only_from_bytes_fed_in_order(algorithm):
+    data = bytes(range(256)) * 12
+    want = checksum_bytes(data, algorithm)
+    whole = StreamHash(algorithm)
+    whole.feed(0, [data[:1000]])
+    whole.feed(1000, [data[1000:2000], data[2000:]])
+    assert whole.result(len(data)) == want
+    again = StreamHash(algorithm)  # a retry starts the object over: so does the hash
+    again.feed(0, [data[:1000]])
+    again.feed(0, [data[:1500]])
+    again.feed(1500, [data[1500:]])
+    assert again.result(len(data)) == want
+    gap = StreamHash(algorithm)  # bytes out of order: no checksum (the file is hashed instead)
+    gap.feed(0, [data[:1000]])
+    gap.feed(2000, [data[2000:]])
+    gap.feed(1000, [data[1000:2000]])
+    assert gap.result(len(data)) is None
+    short = StreamHash(algorithm)
+    short.feed(0, [data[:-1]])
+    assert short.result(len(data)) is None
 
 
 def test_s3_epoch_makes_one_get_per_shard_and_no_head(on_s3, s3_proxy, tmp_path):
