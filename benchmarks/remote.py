@@ -21,8 +21,9 @@ each server and shard size, every run measures, in the same process:
   Belady's bound (the whole future known).
 
 Medians of ``--runs`` runs, one row per server and shard size, saved with
-benchmarks/_results.py to benchmarks/results/remote.json: tables "speed" and
-"downloads" (docs/benchmarks.md draws them with benchmarks/tables.py). A rerun of
+benchmarks/_results.py to benchmarks/results/remote.json: tables "speed", "cpu" (CPU seconds
+per GB of the client and of the server process, for the ceiling, chute's downloads alone and the cold
+epoch) and "downloads" (docs/benchmarks.md draws them with benchmarks/tables.py). A rerun of
 some servers or shard sizes keeps the earlier run's other rows (the notes say so).
 """
 
@@ -66,6 +67,24 @@ def make_dataset(root: str, size_mb: int, shard_mb: int) -> chute.Dataset:
     return chute.open(path)
 
 
+# ---------------------------------------------------------------------------- CPU time, client and server
+
+
+def _server_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) the server process ``pid`` has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_cpu(fn, pid: int):
+    """``fn()``, and the CPU seconds this process (every thread: the client) and the server used meanwhile."""
+    c0, s0 = os.times(), _server_cpu(pid)
+    out = fn()
+    c1, s1 = os.times(), _server_cpu(pid)
+    return out, (c1.user - c0.user) + (c1.system - c0.system), s1 - s0
+
+
 # ---------------------------------------------------------------------------- the ceiling
 
 
@@ -96,7 +115,8 @@ def ceiling_boto3(endpoint: str, bucket: str, prefix: str, names: list[str], thr
 
 
 def ceiling_chute(url: str, names: list[str], sizes: list[int], work: str, threads: int = 8) -> float:
-    """Seconds for chute's own downloads (Remote.download) of every object, ``threads`` at a time."""
+    """Seconds for chute's own downloads of every object, ``threads`` at a time, as the node cache makes
+    them (Remote.download into a file, hashed as the bytes arrive)."""
     from chute.storage.remote import Remote
 
     remote = Remote(url)
@@ -106,7 +126,7 @@ def ceiling_chute(url: str, names: list[str], sizes: list[int], work: str, threa
         dest = os.path.join(work, f"{k}.part")
         with open(dest, "wb") as f:
             f.truncate(sizes[k])
-        remote.download(names[k], dest, sizes[k])
+        remote.download(names[k], dest, sizes[k], "xxh3_128")
         os.unlink(dest)
 
     start = time.perf_counter()
@@ -166,7 +186,7 @@ def epoch(loader: chute.Loader) -> tuple[float, float, int]:
     return first or 0.0, time.perf_counter() - start, nbytes
 
 
-def cold_and_second(url: str, size: int, shards: int, cache: str) -> dict[str, float]:
+def cold_and_second(url: str, size: int, shards: int, cache: str, pid: int) -> dict[str, float]:
     shutil.rmtree(cache, ignore_errors=True)
     start = time.perf_counter()
     ds = chute.open(url, cache_dir=cache, cache_limit=int(size * FRACTION))
@@ -180,7 +200,7 @@ def cold_and_second(url: str, size: int, shards: int, cache: str) -> dict[str, f
     else:
         raise SystemExit(f"a cache of {FRACTION:.0%} of {size:,} bytes cannot hold two windows of one shard: use a larger --size-mb")
     requests0 = ds.cache.remote.requests
-    first, seconds, nbytes = epoch(loader)
+    (first, seconds, nbytes), client_cpu, server_cpu = with_cpu(lambda: epoch(loader), pid)
     stats1 = ds.cache.stats()
     requests1 = ds.cache.remote.requests - requests0
     _, seconds2, _ = epoch(loader)
@@ -190,6 +210,7 @@ def cold_and_second(url: str, size: int, shards: int, cache: str) -> dict[str, f
     ds.cache.close()
     return {"open_ms": opened * 1e3, "ttfb_ms": first * 1e3, "cold_MBps": nbytes / seconds / 1e6,
             "second_MBps": nbytes / seconds2 / 1e6, "window": window,
+            "cold_cpu_client": client_cpu / size * 1e9, "cold_cpu_server": server_cpu / size * 1e9,
             "requests_per_shard": requests1 / shards,
             "cold_downloaded": stats1["bytes_downloaded"] / size,
             "second_downloaded": (stats2["bytes_downloaded"] - stats1["bytes_downloaded"]) / size}
@@ -221,15 +242,25 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
         fs.put(local.root.rstrip("/") + "/", base, recursive=True)
     try:
         rows = collections.defaultdict(list)
+        pid = proc.pid
+        assert pid is not None
+        per_gb = 1e9 / size
         for _ in range(args.runs):
-            clients = {"fsspec": size / ceiling_fsspec(url, names) / 1e6}
+            runs = {"fsspec": with_cpu(lambda: ceiling_fsspec(url, names), pid)}
             if server == "s3":
-                clients["boto3"] = size / ceiling_boto3(proc.endpoint_url, "bench", "ds", names) / 1e6
+                runs["boto3"] = with_cpu(lambda: ceiling_boto3(proc.endpoint_url, "bench", "ds", names), pid)
+            clients = {client: size / run[0] / 1e6 for client, run in runs.items()}
             for client, rate in clients.items():
                 rows[f"ceiling_{client}_MBps"].append(rate)
-            rows["ceiling_MBps"].append(max(clients.values()))
-            rows["chute_download_MBps"].append(size / ceiling_chute(url, names, sizes, os.path.join(work, "dl")) / 1e6)
-            for key, value in cold_and_second(url, size, len(names), os.path.join(work, "cache")).items():
+            best = max(clients, key=clients.__getitem__)
+            rows["ceiling_MBps"].append(clients[best])
+            rows["ceiling_cpu_client"].append(runs[best][1] * per_gb)
+            rows["ceiling_cpu_server"].append(runs[best][2] * per_gb)
+            seconds, client_cpu, server_cpu = with_cpu(lambda: ceiling_chute(url, names, sizes, os.path.join(work, "dl")), pid)
+            rows["chute_download_MBps"].append(size / seconds / 1e6)
+            rows["download_cpu_client"].append(client_cpu * per_gb)
+            rows["download_cpu_server"].append(server_cpu * per_gb)
+            for key, value in cold_and_second(url, size, len(names), os.path.join(work, "cache"), pid).items():
                 rows[key].append(value)
             rows["ratio"].append(rows["cold_MBps"][-1] / rows["ceiling_MBps"][-1])
         row = {"label": f"{server}, {shard_mb} MB shards", "server": server, "shard_MB": shard_mb,
@@ -238,6 +269,11 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
         row.update({k: round(statistics.median(v), 3) for k, v in rows.items()})
         # chute's own downloads are a client too: the ratio to the best of all of them
         row["ratio_best"] = round(row["cold_MBps"] / max(row["ceiling_MBps"], row["chute_download_MBps"]), 3)
+        # what the CPU allows: every core busy with the client's and the server's work per byte
+        cpus = len(os.sched_getaffinity(0))
+        row["cpus"] = cpus
+        for what in ("ceiling", "download", "cold"):
+            row[f"{what}_cpu_bound_MBps"] = round(cpus * 1e3 / (row[f"{what}_cpu_client"] + row[f"{what}_cpu_server"]), 1)
         capacity = int(size * FRACTION) // max(sizes)
         order = Order(tuple(s.rows for s in local.shards), BATCH, shuffle=True, seed=0, window=int(row["window"]))
         # batch 0 waits for every shard its rows come from: their bytes at the ceiling bound the first batch
@@ -270,7 +306,7 @@ def tables(rows: list[dict], kept: list[dict] | None = None) -> dict[str, dict]:
         common += "; rows kept from an earlier run: " + ", ".join(r["label"] for r in kept)
     # the table shows the window in the label; "name" keeps the row's own label
     labelled = [{**r, "name": r["label"], "label": f"{r['label']} (window {r['window']:.0f})"} for r in out]
-    return {
+    out_tables = {
         "speed": {
             "title": "server, shards",
             "columns": [["ceiling_MBps", "ceiling MB/s", ",.0f"], ["ceiling_fsspec_MBps", "fsspec MB/s", ",.0f"],
@@ -283,6 +319,19 @@ def tables(rows: list[dict], kept: list[dict] | None = None) -> dict[str, dict]:
             "notes": common + "; the ceiling is the fastest client measured in the same run (fsspec cat_file, boto3 get_object); "
                               "batch 0 needs every shard its rows come from: their bytes at the ceiling bound the first batch",
         },
+        "cpu": {
+            "title": "server, shards",
+            "columns": [["ceiling_cpu_client", "ceiling: client CPU s/GB", ".2f"], ["ceiling_cpu_server", "server CPU s/GB", ".2f"],
+                        ["download_cpu_client", "chute downloads alone: client CPU s/GB", ".2f"],
+                        ["download_cpu_server", "server CPU s/GB", ".2f"],
+                        ["cold_cpu_client", "cold epoch: client CPU s/GB", ".2f"], ["cold_cpu_server", "server CPU s/GB", ".2f"],
+                        ["cold_cpu_bound_MBps", "cold epoch, all cores busy MB/s", ",.0f"], ["cold_MBps", "cold epoch MB/s", ",.0f"],
+                        ["ceiling_cpu_bound_MBps", "ceiling, all cores busy MB/s", ",.0f"], ["ceiling_MBps", "ceiling MB/s", ",.0f"]],
+            "rows": [r for r in labelled if "cold_cpu_client" in r],
+            "notes": common + "; CPU seconds per GB delivered, the client (this process, every thread) and the server "
+                              "process apart; 'all cores busy' is the rate at which that work would keep every core of "
+                              "the machine busy (cores / CPU per byte): the server shares the cores with the client",
+        },
         "downloads": {
             "title": "server, shards",
             "columns": [["requests_per_shard", "GETs / shard", ".2f"], ["cold_downloaded", "cold epoch downloaded", ".2f"],
@@ -294,6 +343,9 @@ def tables(rows: list[dict], kept: list[dict] | None = None) -> dict[str, dict]:
             "notes": common + "; bytes downloaded as a fraction of the dataset; the simulations replay the same shard-use sequence",
         },
     }
+    if not out_tables["cpu"]["rows"]:  # rows of a run from before CPU time was measured
+        del out_tables["cpu"]
+    return out_tables
 
 
 def _kept(out: list[dict]) -> list[dict]:
@@ -331,13 +383,17 @@ def main() -> None:
                 row = bench(server, shard_mb, args, work)
                 out.append(row)
                 print(f"{row['label']}: {row['dataset_MB']} MB in {row['shards']} shards, medians of {row['runs']}")
-                print(f"  ceiling {row['ceiling_MBps']:,.0f} MB/s ({', '.join(f'{k[8:-5]} {v:,.0f}' for k, v in row.items() if k.startswith('ceiling_') and k != 'ceiling_MBps')})"
+                print(f"  ceiling {row['ceiling_MBps']:,.0f} MB/s ({', '.join(f'{k[8:-5]} {v:,.0f}' for k, v in row.items() if k.startswith('ceiling_') and k.endswith('_MBps') and 'cpu' not in k and k != 'ceiling_MBps')})"
                       f"; chute's downloads alone {row['chute_download_MBps']:,.0f} MB/s")
                 print(f"  cold epoch, cache {FRACTION:.0%} (window {row['window']:.0f}): {row['cold_MBps']:,.0f} MB/s = {row['ratio']:.2f}x the ceiling; "
                       f"first batch {row['ttfb_ms']:.0f} ms (open {row['open_ms']:.0f} ms); {row['requests_per_shard']:.2f} GETs per shard; "
                       f"downloaded {row['cold_downloaded']:.2f}x")
                 print(f"  second epoch: downloaded {row['second_downloaded']:.2f}x the dataset (bound {row['second_bound']}); "
                       f"simulated LRU {row['sim_lru_second']:.2f}x, next use {row['sim_next_use_second']:.2f}x, Belady {row['sim_belady_second']:.2f}x")
+                print(f"  CPU s/GB, client + server: ceiling {row['ceiling_cpu_client']:.2f} + {row['ceiling_cpu_server']:.2f}, "
+                      f"chute's downloads alone {row['download_cpu_client']:.2f} + {row['download_cpu_server']:.2f}, "
+                      f"cold epoch {row['cold_cpu_client']:.2f} + {row['cold_cpu_server']:.2f} "
+                      f"(all {row['cpus']} cores busy at {row['cold_cpu_bound_MBps']:,.0f} MB/s)")
                 sys.stdout.flush()
                 save("remote", tables(out, _kept(out)), merge=False)  # after each row: a run cut short keeps what it measured
     finally:
