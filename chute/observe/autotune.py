@@ -16,7 +16,7 @@ The rules (thresholds are the constants below):
   after ``SETTLE`` windows at the current settings (the first window of a pass,
   its start-up, does not give a rate) and the best of them is the rate it is
   judged against; a *starved* window (the loop only waited, the workers were
-  busy and a whole core idle: ``STARVED``) is enough on its own, even a pass's
+  busy and about a core idle: ``STARVED``) is enough on its own, even a pass's
   first, to start a thread's trial; it is judged on the best of the ``SETTLE`` windows after it
   (the first of which the change itself disturbs). If the loop still waits and
   samples/s did not rise by ``GAIN``, the change is undone and the setting it
@@ -358,12 +358,13 @@ class Policy:
 
     def _starved(self, window: Window) -> bool:
         """Whether the window leaves no doubt that a thread is missing: the loop did nothing but wait
-        (``STARVED``), the workers were busy, and a whole core of the budget was idle. Then its rate is a
+        (``STARVED``), the workers were busy, and a worker's core was idle (all but ``CPU_SLACK`` of one: the
+        loop's own thread uses a little). Then its rate is a
         baseline even as a pass's first window (nothing was built ahead for it to drain), and one such window
         is enough to start a thread's trial (``SETTLE`` windows judge it as always)."""
         cores = window.cores
         return (window.wait_fraction >= STARVED and window.utilisation >= BUSY and cores is not None
-                and cores + 1 <= self.cpu_budget)
+                and cores + 1 <= self.cpu_budget + CPU_SLACK)
 
     def _thread_limit(self) -> int:
         """Threads the budgets allow by count: ``max_threads``, and one batch in flight per thread."""

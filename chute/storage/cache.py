@@ -167,6 +167,7 @@ class ShardCache:
         self._loading: set[int] = set()
         self._claims: dict[int, int] = {}  # shard -> claims not yet turned into holds
         self._reserved: set[int] = set()  # shards whose bytes this process's lease counts
+        self._index: dict[str, int] | None = None  # cached file name -> shard (see _eviction_order)
         self.next_use: Callable[[int], float] | None = None  # set by the loader: step of a shard's next use
         self.on_no_room: Callable[[], None] | None = None  # set by the loader: a download of this process waits for room
         self.on_unpin: Callable[[int], None] | None = None  # called before a shard's lock is dropped
@@ -578,7 +579,9 @@ class ShardCache:
         """Sort key of cached shards, largest evicted first: ``(rank, next use)``, where rank is the
         shard's place in the soonest list of shards any sharing process reads next (inf: in none)
         and next use is this process's next step reading it (inf: never)."""
-        index = {s.file.replace("/", "%2F"): j for j, s in enumerate(self.manifest.shards)}
+        index = self._index
+        if index is None:  # once per cache: a dataset of many shards would pay it at every eviction
+            index = self._index = {s.file.replace("/", "%2F"): j for j, s in enumerate(self.manifest.shards)}
         next_use = self.next_use
         ranks = self.sharing.others_soon() if self.sharing is not None else {}
         own = self.sharing.soon() if self.sharing is not None else []

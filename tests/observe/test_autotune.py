@@ -84,14 +84,14 @@ def test_a_starved_first_window_with_a_core_idle_starts_a_thread_trial_at_once()
     # Nothing was built ahead for the first window to drain: its rate is the baseline, no second window needed.
     policy = Policy(1, 8, max_threads=16, cpu_budget=2)
     policy.new_pass()
-    starved = dataclasses.replace(data_bound(300, busy=1.0, wait=1.0), cpu_s=1.0, loop_cpu_s=0.0)
+    starved = dataclasses.replace(data_bound(300, busy=1.0, wait=1.0), cpu_s=1.1, loop_cpu_s=0.05)  # the loop's thread too
     changes = policy.step(starved)
     assert changes and changes[0][0] == "threads 1 -> 2"
     two = dataclasses.replace(data_bound(560, busy=1.0, wait=0.95), cpu_s=1.9, loop_cpu_s=0.0)
     assert policy.step(two) == []  # judged on SETTLE windows, as every trial
     policy.step(dataclasses.replace(two, samples=580))
     assert policy.threads == 2 and policy.steps[-1] == Step("threads 1 -> 2", 300.0, 580.0, 1.0, 0.95, kept=True)
-    # The loop waiting as much but no whole core idle (1.5 of 2 in use): the first window is start-up's, as before.
+    # The loop waiting as much but half a core idle (1.5 of 2 in use): the first window is start-up's, as before.
     crowded = Policy(1, 8, max_threads=16, cpu_budget=2)
     crowded.new_pass()
     window = dataclasses.replace(starved, cpu_s=1.5)
