@@ -50,6 +50,10 @@ class Decode:
     decodes in full.
     """
 
+    #: Its work per image (decode, resize, crop, normalize) runs in native code without the GIL, on all
+    #: cores at once: the Loader's autotuner starts at one worker thread per core (docs/observe.md).
+    gil_free = True
+
     def __init__(self, column: str, *ops: Op | Normalize, fast: bool = False, scaled: bool = True) -> None:
         if not isinstance(column, str):
             raise TypeError(f"the image column must be a column name (str), got {column!r}")

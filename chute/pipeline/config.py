@@ -77,7 +77,9 @@ class Workers:
             or ``"processes"`` for transforms that hold the GIL (spawned worker
             processes, module-level functions; see docs/loader.md).
         count: threads or processes. ``None``: threads are autotuned, starting
-            at one (docs/observe.md); processes default to the CPU count, at most 8.
+            at one, or at one per CPU for a transform whose work runs without the
+            GIL (``chute.images``' decoders; docs/observe.md); processes default to
+            the CPU count, at most 8.
         prefetch: batches in flight ahead of the training loop. ``None``: 8 (fewer
             if 8 batches would not fit ``max_prefetch_bytes``, at least 2 per
             worker), then autotuned (threads) within ``max_prefetch_bytes``.

@@ -148,8 +148,10 @@ class Loader:
         self.max_prefetch_bytes = w.max_prefetch_bytes if w.max_prefetch_bytes is not None else DEFAULT_MAX_BYTES
         if w.count is not None:
             self.num_threads = w.count
-        else:  # threads start small and are autotuned; processes are not
-            self.num_threads = 1 if w.kind == "threads" else min(8, w.max_count or self.cpu_budget)
+        elif w.kind == "threads":  # autotuned from one thread, or one per core for work without the GIL
+            self.num_threads = min(self.max_threads, self.cpu_budget) if self.fns.gil_free else 1
+        else:  # processes are not autotuned
+            self.num_threads = min(8, w.max_count or self.cpu_budget)
         self.prefetch = w.prefetch if w.prefetch is not None else self._first_depth()
         self.counters = Counters() if on else None
         tuner = None

@@ -77,6 +77,12 @@ class Functions:
         return (self.transform is not None and not self.batched) or self.collate is not None
 
     @property
+    def gil_free(self) -> bool:
+        """Whether the work of a batch runs without the GIL: a transform that says so (``gil_free = True``,
+        as chute.images' Decode) and no Python batch_transform or collate beside it."""
+        return bool(getattr(self.transform, "gil_free", False)) and self.batch_transform is None and self.collate is None
+
+    @property
     def identity(self) -> bool:
         return self.transform is None and self.collate is None and self.batch_transform is None
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import chute
+import chute.images
 from chute.observe.autotune import Policy, Step, Window
 from chute.observe.report import Context, build
 from tests.observe.test_report import window
@@ -289,6 +290,33 @@ def decode(sample):
 
 def live_threads() -> int:
     return len([t for t in threading.enumerate() if t.name.startswith("chute-loader")])
+
+
+class GilFree:
+    """A per-sample transform that says its work runs without the GIL (as chute.images' decoders do)."""
+
+    gil_free = True
+
+    def __call__(self, sample):
+        return sample
+
+
+def test_a_transform_without_the_gil_starts_at_one_thread_per_cpu(ds):
+    assert chute.images.DecodeCrop("jpeg", 224, random=True).gil_free  # the decoders say so
+    starts = {}
+    for name, kwargs in {
+        "gil_free": {"transform": GilFree()},
+        "plain": {"transform": lambda s: s},
+        "with a Python batch_transform": {"transform": GilFree(), "batch_transform": lambda b: b},
+        "capped": {"transform": GilFree(), "workers": chute.Workers(max_count=1)},
+    }.items():
+        with chute.Loader(ds, 64, **kwargs) as ld:
+            starts[name] = (ld.num_threads, ld.cpu_budget)
+            first = next(iter(ld))
+            assert first["id"].shape == (64,)
+    cpus = starts["gil_free"][1]
+    assert starts["gil_free"][0] == min(cpus, 16) and starts["plain"][0] == 1
+    assert starts["with a Python batch_transform"][0] == 1 and starts["capped"][0] == 1
 
 
 def test_io_bound_converges_to_the_thread_count_computed_by_hand_past_the_cpu_count(ds, caplog):
