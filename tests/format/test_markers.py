@@ -155,7 +155,7 @@ def test_a_process_waits_for_another_hashing_the_same_shard_instead_of_hashing_i
         reader = threading.Thread(target=read)
         reader.start()
         assert waiting.wait(60), "the reader hashed the shard instead of waiting for the lock"
-        record = validate._record(validate._identity(mapped.fileno()), info)
+        record = validate._record(validate._identity(mapped.fileno()), info.checksum)
         validate._write_marker(marker, record, os.path.dirname(os.path.realpath(path)))
     go.set()
     reader.join(60)
