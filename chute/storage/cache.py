@@ -467,14 +467,7 @@ class ShardCache:
         fd = os.open(part, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             hashed = os.fstat(fd)
-            if streamed is None:
-                problem = verify_fd(fd, info.checksum, url, info.bytes)
-            elif hashed.st_size != info.bytes:
-                problem = f"{url}: downloaded {hashed.st_size} bytes, the manifest says {info.bytes}"
-            elif streamed != info.checksum:
-                problem = f"{url}: checksum {streamed} does not match the manifest's {info.checksum}"
-            else:
-                problem = None
+            problem = verify_fd(fd, info.checksum, url, info.bytes, streamed)
             if problem is not None:
                 return problem
             with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither

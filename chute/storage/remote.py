@@ -651,14 +651,16 @@ def _pwritev(fd: int, chunks: list[bytes], offset: int) -> None:
             data = data[n:]
 
 
-def verify_fd(fd: int, checksum: str, url: str, expected_size: int) -> str | None:
-    """What is wrong with the downloaded file open at ``fd``, or None when it matches the manifest."""
+def verify_fd(fd: int, checksum: str, url: str, expected_size: int, digest: str | None = None) -> str | None:
+    """What is wrong with the downloaded file open at ``fd``, or None when it matches the manifest.
+    ``digest``: the checksum of its bytes taken as they were written (see :class:`StreamHash`); None: hash the file."""
     from chute.format.manifest import checksum_fd
 
     size = os.fstat(fd).st_size
     if size != expected_size:
         return f"{url}: downloaded {size} bytes, the manifest says {expected_size}"
-    digest = checksum_fd(fd, checksum.split(":", 1)[0])
+    if digest is None:
+        digest = checksum_fd(fd, checksum.split(":", 1)[0])
     if digest != checksum:
         return f"{url}: checksum {digest} does not match the manifest's {checksum}"
     return None
