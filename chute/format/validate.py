@@ -159,6 +159,9 @@ def check_empty_shards(root: str, manifest: Manifest, where: str) -> None:
 #: Most markers kept in one dataset directory's bucket; past it the oldest go (each marker saves one hash).
 MAX_MARKERS = 100_000
 HASH_WAIT = 60.0  # s: the longest a process waits for another one hashing the same shard, then hashes it itself
+#: Records remembered by this process (see :func:`remember`), oldest first: its own readers skip the marker file.
+_REMEMBERED: dict[str, None] = {}
+_REMEMBERED_LOCK = threading.Lock()
 
 
 class ShardChecks:
@@ -206,8 +209,10 @@ class ShardChecks:
         identity = _identity(mapped.fileno())
         if not self.verify or identity in self._done:
             return
-        marker = _marker_path(path)
         record = _record(identity, info.checksum)
+        if record in _REMEMBERED:  # this process downloaded and hashed these very bytes
+            return
+        marker = _marker_path(path)
         if marker is None:
             check_bytes(mapped, path, info, where)
             self.hashed += 1
@@ -244,10 +249,16 @@ class ShardChecks:
 def remember(path: str, fd: int, checksum: str) -> None:
     """Record on this machine that the file open at ``fd``, named ``path``, has ``checksum`` (hashed from
     ``fd`` by the caller, unchanged since: a node cache's verified download), so that a reader mapping it
-    later finds the marker instead of hashing the same bytes again. Failures only cost that hash."""
+    later does not hash the same bytes again: in this process it finds the record in memory, in another the
+    marker file. Failures to write the marker only cost that hash."""
+    record = _record(_identity(fd), checksum)
+    with _REMEMBERED_LOCK:
+        _REMEMBERED[record] = None
+        while len(_REMEMBERED) > MAX_MARKERS:
+            del _REMEMBERED[next(iter(_REMEMBERED))]
     marker = _marker_path(path)
     if marker is not None:
-        _write_marker(marker, _record(_identity(fd), checksum), os.path.dirname(os.path.realpath(path)))
+        _write_marker(marker, record, os.path.dirname(os.path.realpath(path)))
 
 
 def _identity(fd: int) -> tuple[int, int, int, int, int]:

@@ -73,6 +73,32 @@ READ_LOCK = ".lock"  # held shared by readers of a shard, exclusive by its evict
 DOWNLOAD_LOCK = ".download"  # held exclusive by the one process downloading a shard
 
 
+class _Downloads:
+    """The ``.part`` files this process is writing now: a scan counts them without probing their download
+    locks (one open and ``flock`` each, the larger part of a scan's cost with many downloads in flight)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._parts: set[str] = set()
+
+    def add(self, part: str) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's downloads are not this process's
+                self._pid, self._parts = os.getpid(), set()
+            self._parts.add(part)
+
+    def discard(self, part: str) -> None:
+        with self._lock:
+            self._parts.discard(part)
+
+    def __contains__(self, part: str) -> bool:
+        return self._pid == os.getpid() and part in self._parts
+
+
+_DOWNLOADS = _Downloads()
+
+
 def _scan(cache_dir: str) -> tuple[int, list[tuple[str, str, int]]]:
     """Bytes in use under ``cache_dir`` and its complete shards as ``(dataset dir, file, size)``.
 
@@ -96,7 +122,7 @@ def _scan(cache_dir: str) -> tuple[int, list[tuple[str, str, int]]]:
                 shard, size = _part_of(name)
                 if shard is None:
                     continue
-                if _try_exclusive(entry.path, shard, lambda: _unlink(item.path), DOWNLOAD_LOCK):
+                if item.path not in _DOWNLOADS and _try_exclusive(entry.path, shard, lambda: _unlink(item.path), DOWNLOAD_LOCK):
                     continue  # a dead download's leftover
                 used += size
             elif name.endswith(".arrow"):
@@ -457,6 +483,8 @@ class ShardCache:
         except BaseException:
             _unlink(part)
             raise
+        finally:
+            _DOWNLOADS.discard(part)
         self.counts["shards_downloaded"] += 1
         self.counts["bytes_downloaded"] += info.stored_bytes if info.compression else info.bytes  # type: ignore[operator]
 
@@ -524,6 +552,7 @@ class ShardCache:
                 _unlink(part)
                 raise ChuteError(f"cannot reserve {size:,} bytes in the cache {self.cache_dir}: {exc}") from None
             os.close(fd)
+            _DOWNLOADS.add(part)
             self.counts["high_water"] = max(self.counts["high_water"], used + size)
         return part
 

@@ -41,6 +41,34 @@ def served(http_server) -> str:
     return http_server.url + "ds"
 
 
+def test_a_scan_counts_this_process_downloads_unprobed_and_removes_a_dead_download(http_server, served, tmp_path, monkeypatch):
+    from chute.storage import cache as cache_module
+
+    ds = chute.open(served, cache_dir=tmp_path / "cache", cache_limit=10 << 20)
+    cache = ds.cache
+    cache._make_dir()
+    sizes = [s.bytes for s in ds.shards]
+    mine = cache._reserve(0, sizes[0])  # this process's download in flight (its download lock is not even taken)
+    dead = os.path.join(cache.dir, f"{cache._file(1)}.{sizes[1]}.0badf00d.part")  # a killed process's leftover
+    with open(dead, "wb") as f:
+        f.truncate(sizes[1])
+    probed = []
+    real = cache_module._try_exclusive
+    monkeypatch.setattr(cache_module, "_try_exclusive", lambda d, file, *a: probed.append(file) or real(d, file, *a))
+    try:
+        used, shards = cache_module._scan(cache.cache_dir)
+        assert (used, shards) == (sizes[0], [])
+        assert os.path.exists(mine) and not os.path.exists(dead)
+        assert probed == [cache._file(1)]  # the dead one's lock only: one open and flock per download saved
+        pid = os.fork()
+        if pid == 0:  # a forked child does not count its parent's downloads as its own
+            os._exit(0 if mine not in cache_module._DOWNLOADS else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    finally:
+        cache_module._DOWNLOADS.discard(mine)
+        os.unlink(mine)
+
+
 def test_two_processes_sharing_a_cache_download_each_shard_once(http_server, served, tmp_path):
     import torch
 

@@ -83,11 +83,21 @@ def test_http_epoch_makes_one_get_per_shard_and_downloads_on_chute_threads(http_
     assert names and all(n.startswith("chute-") for n in names), names  # never the loop's thread
 
 
-def test_a_downloaded_shard_is_hashed_once_by_the_download_check_not_again_when_mapped(served, tmp_path):
+def test_a_downloaded_shard_is_hashed_once_by_the_download_check_not_again_when_mapped(served, tmp_path, monkeypatch):
+    from chute.format import validate
+
+    looked = []
+    real = validate._read
+    monkeypatch.setattr(validate, "_read", lambda path: looked.append(path) or real(path))
     ds = chute.open(served, cache_dir=tmp_path / "cache")  # verify=True
     rows = epoch_columns(loader(ds))
     assert len(next(iter(rows.values()))) == len(ds) and ds.cache.stats()["shards_downloaded"] == len(ds.shards)
     assert ds._checks.hashed == 0  # each download's checksum check was remembered for the reader's mapping
+    assert looked == []  # in memory: the reader opened no marker file either (the markers are for other processes)
+    other = chute.open(served, cache_dir=tmp_path / "cache")  # the next run's reader: no memory, the markers
+    validate._REMEMBERED.clear()
+    assert len(next(iter(epoch_columns(loader(other)).values()))) == len(ds)
+    assert other._checks.hashed == 0 and len(looked) >= len(ds.shards)
 
 
 @pytest.mark.parametrize("algorithm", ["xxh3_128", "blake2b"])
