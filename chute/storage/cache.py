@@ -3,6 +3,7 @@
 Layout of ``cache_dir``::
 
     .chute-cache.lock                 held briefly while space is reserved or freed
+    .chute-cache.journal              what the directory holds, line by line (chute/storage/ledger.py)
     .chute-members/                   the processes sharing the cache and their leases (chute/storage/share.py)
     <key>/source                      the dataset URL this directory caches
     <key>/<shard file>                a complete, verified shard (decompressed)
@@ -29,8 +30,10 @@ a process dies, and by atomic renames:
 The byte limit covers every shard and reservation under ``cache_dir`` (all
 datasets cached there). The cache lock is held while the files are counted, a
 ``.part`` file is created, a shard is evicted, or a ``.part`` file is renamed
-into place (a directory listing taken during a rename could miss the file, and
-the count would come out low). A download reserves its full size, under the
+into place or removed (a directory listing taken during a rename could miss the
+file, and the count would come out low); each of these changes is written to
+the directory's journal under the lock, so a count reads the journal's new lines
+instead of listing the directory (chute/storage/ledger.py). A download reserves its full size, under the
 cache lock, by creating its ``.part`` file at that size; if that would pass the
 limit, shards nobody holds are evicted first: those no process will read soon
 (every process publishes the next shards it reads) and this process never reads
@@ -63,107 +66,11 @@ from chute.format import validate
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
 from chute.storage.direct import DIRECT_HOLDS, DirectReads
+from chute.storage.ledger import DOWNLOAD_LOCK, DOWNLOADS, PART_SUFFIX, ledger, lock_path, try_exclusive, unlink
 from chute.storage.remote import Cancelled, Remote, verify_fd
 from chute.storage.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
 
 log = logging.getLogger("chute")
-
-PART_SUFFIX = ".part"
-READ_LOCK = ".lock"  # held shared by readers of a shard, exclusive by its eviction
-DOWNLOAD_LOCK = ".download"  # held exclusive by the one process downloading a shard
-
-
-class _Downloads:
-    """The ``.part`` files this process is writing now: a scan counts them without probing their download
-    locks (one open and ``flock`` each, the larger part of a scan's cost with many downloads in flight)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._parts: set[str] = set()
-
-    def add(self, part: str) -> None:
-        with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's downloads are not this process's
-                self._pid, self._parts = os.getpid(), set()
-            self._parts.add(part)
-
-    def discard(self, part: str) -> None:
-        with self._lock:
-            self._parts.discard(part)
-
-    def __contains__(self, part: str) -> bool:
-        return self._pid == os.getpid() and part in self._parts
-
-
-_DOWNLOADS = _Downloads()
-
-
-def _scan(cache_dir: str) -> tuple[int, list[tuple[str, str, int]]]:
-    """Bytes in use under ``cache_dir`` and its complete shards as ``(dataset dir, file, size)``.
-
-    ``.part`` files count at the size their name reserves; those whose download
-    died (their lock is free) are removed.
-    """
-    used = 0
-    shards: list[tuple[str, str, int]] = []
-    try:
-        entries = list(os.scandir(cache_dir))
-    except FileNotFoundError:
-        return 0, []
-    for entry in entries:
-        if not entry.is_dir() or not os.path.isdir(os.path.join(entry.path, "locks")):
-            continue
-        for item in os.scandir(entry.path):
-            if not item.is_file():
-                continue
-            name = item.name
-            if name.endswith(PART_SUFFIX):
-                shard, size = _part_of(name)
-                if shard is None:
-                    continue
-                if item.path not in _DOWNLOADS and _try_exclusive(entry.path, shard, lambda: _unlink(item.path), DOWNLOAD_LOCK):
-                    continue  # a dead download's leftover
-                used += size
-            elif name.endswith(".arrow"):
-                try:
-                    size = item.stat().st_size
-                except FileNotFoundError:
-                    continue
-                used += size
-                shards.append((entry.path, name, size))
-    return used, shards
-
-
-def _part_of(name: str) -> tuple[str | None, int]:
-    parts = name[: -len(PART_SUFFIX)].rsplit(".", 2)
-    if len(parts) != 3 or not parts[1].isdigit():
-        return None, 0
-    return parts[0], int(parts[1])
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def _lock_path(directory: str, file: str, kind: str = READ_LOCK) -> str:
-    return os.path.join(directory, "locks", file.replace("/", "%2F") + kind)
-
-
-def _try_exclusive(directory: str, file: str, action: Callable[[], None], kind: str = READ_LOCK) -> bool:
-    """Run ``action`` holding ``file``'s lock ``kind`` exclusive if nobody holds it; whether it ran."""
-    fd = os.open(_lock_path(directory, file, kind), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        action()
-        return True
-    finally:
-        os.close(fd)
-
 
 class ShardCache:
     """One dataset's shards in a node cache: ``acquire`` a shard (downloading it if needed), ``release`` it.
@@ -277,13 +184,17 @@ class ShardCache:
             return False
 
     def stats(self) -> dict[str, Any]:
-        """Counters of this process's use of the cache, and the bytes the cache holds now.
+        """Counters of this process's use of the cache, and the bytes the cache holds now (``bytes_cached``,
+        as its journal counts them: with the leftovers of a dead download until the next scan removes them).
 
         ``high_water`` is the most bytes the cache held right after one of this
         process's reservations (every byte enters the cache through a reservation,
         so the largest over the processes sharing it is the cache's high-water mark).
         """
-        used, _ = _scan(self.cache_dir)
+        with cache_lock(self.cache_dir):
+            books = ledger(self.cache_dir)
+            books.sync()  # as the journal counts it: a dead download's leftover until the next scan
+            used = books.used
         out: dict[str, Any] = dict(self.counts)
         out["retries"] = self.remote.retries
         out["bytes_cached"] = used
@@ -435,14 +346,14 @@ class ShardCache:
         """
         self._make_dir()
         info = self.manifest.shards[i]
-        fd = os.open(_lock_path(self.dir, self._file(i)), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock_path(self.dir, self._file(i)), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an eviction removes the file
             while True:
                 if self.cached(i):
                     self.counts["hits"] += 1
                     return fd
-                download = os.open(_lock_path(self.dir, self._file(i), DOWNLOAD_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+                download = os.open(lock_path(self.dir, self._file(i), DOWNLOAD_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
                 try:
                     with inflight.track("wait for another process's download of", self.remote.url + "/" + info.file):
                         fcntl.flock(download, fcntl.LOCK_EX)  # blocks while another process downloads it
@@ -481,10 +392,14 @@ class ShardCache:
                     )
                 log.warning("chute: %s; downloading it again", problem)
         except BaseException:
-            _unlink(part)
+            with cache_lock(self.cache_dir):
+                unlink(part)
+                books = ledger(self.cache_dir)
+                books.sync()
+                books.remove(self.dir, os.path.basename(part))
             raise
         finally:
-            _DOWNLOADS.discard(part)
+            DOWNLOADS.discard(part)
         self.counts["shards_downloaded"] += 1
         self.counts["bytes_downloaded"] += info.stored_bytes if info.compression else info.bytes  # type: ignore[operator]
 
@@ -500,6 +415,10 @@ class ShardCache:
                 return problem
             with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither
                 os.replace(part, final)
+                books = ledger(self.cache_dir)
+                books.sync()
+                books.remove(self.dir, os.path.basename(part))
+                books.add(self.dir, os.path.basename(final), info.bytes)
             # The bytes just hashed are the shard's: remembered (with the file's identity after the rename),
             # the reader's mapping of it does not hash them again; a file changed since no longer matches.
             now = os.fstat(fd)
@@ -549,10 +468,11 @@ class ShardCache:
                     os.posix_fallocate(fd, 0, size)
             except OSError as exc:
                 os.close(fd)
-                _unlink(part)
+                unlink(part)
                 raise ChuteError(f"cannot reserve {size:,} bytes in the cache {self.cache_dir}: {exc}") from None
             os.close(fd)
-            _DOWNLOADS.add(part)
+            DOWNLOADS.add(part)
+            ledger(self.cache_dir).add(self.dir, os.path.basename(part), size)
             self.counts["high_water"] = max(self.counts["high_water"], used + size)
         return part
 
@@ -573,10 +493,13 @@ class ShardCache:
 
     def _make_room(self, i: int, size: int) -> int | None:
         """Evict until ``size`` more bytes fit under the limit (holding the cache lock); the bytes then
-        in use, or None if they do not fit."""
-        used, shards = _scan(self.cache_dir)
-        if self.limit is None or used + size <= self.limit:
-            return used
+        in use, or None if they do not fit. What the cache holds comes from its journal
+        (chute/storage/ledger.py); when evicting every shard nobody holds is not enough, a scan of
+        the directory (which removes dead downloads' leftovers) decides."""
+        books = ledger(self.cache_dir)
+        books.sync()
+        if self.limit is None or books.used + size <= self.limit:
+            return books.used
         mine = {self._file(j) for j in list(self._refs)} | {self._file(j) for j in list(self._loading) if j != i}
         if self.sharing is None:
             held = sum(self.manifest.shards[j].bytes for j in list(self._refs))
@@ -586,15 +509,20 @@ class ShardCache:
                     f"({size:,} bytes) beside the {held:,} bytes this process must keep at once; "
                     f"raise cache_limit to at least {held + size:,} bytes"
                 )
-        for directory, name, shard_size in sorted(shards, key=self._eviction_order(), reverse=True):
-            if directory == self.dir and name in mine:
-                continue
-            path = os.path.join(directory, name)
-            if _try_exclusive(directory, name, lambda p=path: _unlink(p)):  # type: ignore[misc]
-                used -= shard_size
-                self.counts["evictions"] += 1
-                if used + size <= self.limit:
-                    return used
+        for attempt in (1, 2):
+            for directory, name, _ in sorted(books.shards(), key=self._eviction_order(), reverse=True):
+                if directory == self.dir and name in mine:
+                    continue
+                path = os.path.join(directory, name)
+                if try_exclusive(directory, name, lambda p=path: unlink(p)):  # type: ignore[misc]
+                    books.remove(directory, name)
+                    self.counts["evictions"] += 1
+                    if books.used + size <= self.limit:
+                        return books.used
+            if attempt == 1:
+                books.rescan()
+                if books.used + size <= self.limit:
+                    return books.used
         return None
 
     def _eviction_order(self) -> Callable[[tuple[str, str, int]], tuple[float, float]]:

@@ -30,7 +30,7 @@ SEED = 3
 STALL_S = 30.0  # seconds without a batch before a test's loader gives up
 
 #: Files under a cache directory that hold no shard bytes (locks, the dataset's URL, the sharing processes).
-_BOOKKEEPING = re.compile(r"(^|/)(locks/.*|source|\.chute-cache\.lock|source\.[0-9a-f]+\.tmp)$|^\.chute-members/")
+_BOOKKEEPING = re.compile(r"(^|/)(locks/.*|source|\.chute-cache\.lock|\.chute-cache\.journal(\.[0-9a-f]+\.tmp)?|source\.[0-9a-f]+\.tmp)$|^\.chute-members/")
 _SHARD_FILE = re.compile(r"/(shard-\d+\.[0-9a-f]+\.arrow(?:\.zst)?)$")
 
 

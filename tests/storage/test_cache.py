@@ -42,7 +42,7 @@ def served(http_server) -> str:
 
 
 def test_a_scan_counts_this_process_downloads_unprobed_and_removes_a_dead_download(http_server, served, tmp_path, monkeypatch):
-    from chute.storage import cache as cache_module
+    from chute.storage import ledger as ledger_module
 
     ds = chute.open(served, cache_dir=tmp_path / "cache", cache_limit=10 << 20)
     cache = ds.cache
@@ -53,19 +53,18 @@ def test_a_scan_counts_this_process_downloads_unprobed_and_removes_a_dead_downlo
     with open(dead, "wb") as f:
         f.truncate(sizes[1])
     probed = []
-    real = cache_module._try_exclusive
-    monkeypatch.setattr(cache_module, "_try_exclusive", lambda d, file, *a: probed.append(file) or real(d, file, *a))
+    real = ledger_module.try_exclusive
+    monkeypatch.setattr(ledger_module, "try_exclusive", lambda d, file, *a: probed.append(file) or real(d, file, *a))
     try:
-        used, shards = cache_module._scan(cache.cache_dir)
-        assert (used, shards) == (sizes[0], [])
+        assert ledger_module.scan(cache.cache_dir) == {f"{os.path.basename(cache.dir)}/{os.path.basename(mine)}": sizes[0]}
         assert os.path.exists(mine) and not os.path.exists(dead)
         assert probed == [cache._file(1)]  # the dead one's lock only: one open and flock per download saved
         pid = os.fork()
         if pid == 0:  # a forked child does not count its parent's downloads as its own
-            os._exit(0 if mine not in cache_module._DOWNLOADS else 1)
+            os._exit(0 if mine not in ledger_module.DOWNLOADS else 1)
         assert os.waitpid(pid, 0)[1] == 0
     finally:
-        cache_module._DOWNLOADS.discard(mine)
+        ledger_module.DOWNLOADS.discard(mine)
         os.unlink(mine)
 
 

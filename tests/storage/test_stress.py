@@ -242,9 +242,9 @@ def _round(round_seed: int, url: str, dataset: str, tmp_path) -> str:
         for epoch in range(EPOCHS):
             got = torch.load(os.path.join(m.out, f"epoch-{epoch}.pt"))
             assert_same_epoch(got, epoch_columns(want))
-    from chute.storage.cache import _scan
+    from chute.storage.ledger import scan
 
-    _scan(cache_dir)  # the next member's scan removes what a killed one left
+    scan(cache_dir)  # the next member's scan removes what a killed one left
     assert part_files(cache_dir) == [], where
     assert cache_bytes(cache_dir) <= limit, where
     from chute.storage.share import Sharing

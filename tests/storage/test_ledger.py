@@ -1,0 +1,153 @@
+"""The node cache's journal (chute/storage/ledger.py): what a process counts is what the directory holds.
+
+- a reservation reads the journal's new lines, not the directory: one scan per process for a whole epoch;
+- each process's copy follows the others' changes, and a rewrite of the journal by another's scan;
+- a journal it cannot trust (a torn or foreign line, a write outside the lock, gone) leads to a scan;
+- a dead download counted by the journal is removed by the scan an eviction falls back to;
+- the journal stays within a bound of the state it describes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import chute
+from chute.storage import ledger as ledger_module
+from chute.storage.ledger import JOURNAL, Ledger, scan
+from chute.storage.share import cache_lock
+from tests.storage._helpers import assert_same_epoch, epoch_columns, loader, local_epochs, write_dataset
+
+
+def _dataset_dir(cache_dir, key: str = "0123456789abcdef"):
+    path = cache_dir / key
+    (path / "locks").mkdir(parents=True)
+    return path
+
+
+def _shard(directory, name: str, size: int) -> None:
+    with open(directory / name, "wb") as f:
+        f.truncate(size)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def served(http_server) -> str:
+    write_dataset(str(http_server.root / "ds"))
+    return http_server.url + "ds"
+
+
+def test_an_epoch_with_evictions_scans_the_directory_once_and_the_journal_matches_it(http_server, served, tmp_path, monkeypatch):
+    scans = []
+    monkeypatch.setattr(ledger_module, "scan", lambda d: scans.append(d) or scan(d))
+    cache_dir = str(tmp_path / "cache")
+    limit = chute.open(str(http_server.root / "ds")).nbytes // 4
+    ds = chute.open(served, cache_dir=cache_dir, cache_limit=limit)
+    got = epoch_columns(loader(ds))
+    assert_same_epoch(got, local_epochs(str(http_server.root / "ds"), 1)[0])
+    assert ds.cache.counts["evictions"] > 0 and ds.cache.counts["shards_downloaded"] == len(ds.shards)
+    assert len(scans) == 1  # the first reservation's; every later one read the journal's new lines
+    with cache_lock(cache_dir):
+        books = ledger_module.ledger(cache_dir)
+        books.sync()
+        assert books.files == scan(cache_dir)  # what it counted is what is there
+
+
+def test_each_process_follows_the_others_changes_and_their_rewrites(tmp_path):
+    directory = _dataset_dir(tmp_path)
+    _shard(directory, "a.arrow", 100)
+    one, two = Ledger(str(tmp_path)), Ledger(str(tmp_path))  # two processes' copies
+    one.sync()
+    two.sync()
+    assert one.files == two.files == {f"{directory.name}/a.arrow": 100} and (one.scans, two.scans) == (1, 1)
+    _shard(directory, "b.arrow", 50)
+    one.sync()  # as under the lock: look, then change (two's first look rewrote the journal)
+    assert one.scans == 1
+    one.add(str(directory), "b.arrow", 50)
+    (directory / "a.arrow").unlink()
+    one.remove(str(directory), "a.arrow")
+    _shard(directory, "c.arrow.7.x.part", 7)
+    one.add(str(directory), "c.arrow.7.x.part", 7)
+    two.sync()
+    assert two.files == one.files == {f"{directory.name}/b.arrow": 50, f"{directory.name}/c.arrow.7.x.part": 7}
+    assert two.used == 57 and two.scans == 1  # read from the journal
+    two.rescan()  # rewrites the journal as a snapshot (the .part is dead: its download lock is free)
+    one.sync()
+    assert one.files == two.files == {f"{directory.name}/b.arrow": 50} and one.used == 50 and one.scans == 1
+    assert not (directory / "c.arrow.7.x.part").exists()
+
+
+@pytest.mark.parametrize("damage", ["malformed", "foreign", "unlocked", "gone"])
+def test_a_journal_it_cannot_trust_leads_to_a_scan(tmp_path, damage):
+    directory = _dataset_dir(tmp_path)
+    _shard(directory, "a.arrow", 100)
+    books = Ledger(str(tmp_path))
+    books.sync()
+    journal = tmp_path / JOURNAL
+    _shard(directory, "b.arrow", 30)  # on disk, and in the journal only if the damage allows
+    if damage == "malformed":
+        with open(journal, "a") as f:
+            f.write(f"+ {directory.name}/b.arrow 30\n+ {directory.name}/b.arr\n")
+    elif damage == "foreign":
+        with open(journal, "a") as f:
+            f.write("? something else\n")
+    elif damage == "unlocked":  # appended by a writer that did not read it under the lock first
+        with open(journal, "a") as f:
+            f.write(f"+ {directory.name}/zzz.arrow 5\n")
+        books._offset = 0  # this copy read less than is there: its own append must not trust the file
+        books.add(str(directory), "b.arrow", 30)
+        assert not journal.exists()  # everyone's next look scans
+    else:
+        journal.unlink()
+    books.sync()
+    assert books.scans == 2
+    assert books.files == {f"{directory.name}/a.arrow": 100, f"{directory.name}/b.arrow": 30} and books.used == 130
+    assert journal.exists()  # written anew from the scan
+
+
+def test_the_journal_is_rescanned_after_rescan_s_and_rewritten_past_its_bound(tmp_path, monkeypatch):
+    directory = _dataset_dir(tmp_path)
+    clock = Clock()
+    books = Ledger(str(tmp_path), clock=clock)
+    books.sync()
+    monkeypatch.setattr(ledger_module, "COMPACT_LINES", 10)
+    for k in range(40):  # a download placed and evicted, over and over
+        books.sync()
+        books.add(str(directory), f"s{k}.arrow", 1)
+        books.remove(str(directory), f"s{k}.arrow")
+        lines = (tmp_path / JOURNAL).read_text().count("\n")
+        assert lines <= 10 + 2  # rewritten once past COMPACT_LINES (+ twice the state, here empty)
+    assert books.files == {} and books.scans > 1
+    scans = books.scans
+    clock.now += ledger_module.RESCAN_S - 0.1
+    books.sync()
+    assert books.scans == scans
+    clock.now += 0.1
+    books.sync()
+    assert books.scans == scans + 1
+
+
+def test_a_dead_download_counted_by_the_journal_is_removed_when_room_runs_out(http_server, served, tmp_path):
+    cache_dir = tmp_path / "cache"
+    limit = chute.open(str(http_server.root / "ds")).nbytes // 4
+    ds = chute.open(served, cache_dir=str(cache_dir), cache_limit=limit)
+    ds.cache._make_dir()
+    with cache_lock(str(cache_dir)):
+        ledger_module.ledger(str(cache_dir)).sync()  # this process trusts the journal from here on
+        other = Ledger(str(cache_dir))  # another process, killed while it downloaded: the cache is full
+        other.sync()
+        dead = f"shard-of-a-dataset-since-rewritten.arrow.{limit}.deadbeef.part"
+        _shard(cache_dir / os.path.basename(ds.cache.dir), dead, limit)
+        other.add(ds.cache.dir, dead, limit)
+    got = epoch_columns(loader(ds))
+    assert_same_epoch(got, local_epochs(str(http_server.root / "ds"), 1)[0])
+    assert not os.path.exists(os.path.join(ds.cache.dir, dead))
+    assert ledger_module.ledger(str(cache_dir)).scans == 2  # the first look, and the one that found the room
