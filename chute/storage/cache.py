@@ -55,9 +55,10 @@ import hashlib
 import logging
 import math
 import os
+import random
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from chute._paths import default_cache_dir
@@ -71,6 +72,10 @@ from chute.storage.remote import Cancelled, Remote, verify_fd
 from chute.storage.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
 
 log = logging.getLogger("chute")
+
+#: Most cached shards ranked for one eviction (see ShardCache._by_eviction_order).
+EVICTION_SAMPLE = 256
+_SAMPLER = random.Random()
 
 class ShardCache:
     """One dataset's shards in a node cache: ``acquire`` a shard (downloading it if needed), ``release`` it.
@@ -510,9 +515,8 @@ class ShardCache:
                     f"raise cache_limit to at least {held + size:,} bytes"
                 )
         for attempt in (1, 2):
-            for directory, name, _ in sorted(books.shards(), key=self._eviction_order(), reverse=True):
-                if directory == self.dir and name in mine:
-                    continue
+            candidates = [s for s in books.shards() if not (s[0] == self.dir and s[1] in mine)]
+            for directory, name, _ in self._by_eviction_order(candidates):
                 path = os.path.join(directory, name)
                 if try_exclusive(directory, name, lambda p=path: unlink(p)):  # type: ignore[misc]
                     books.remove(directory, name)
@@ -524,6 +528,24 @@ class ShardCache:
                 if books.used + size <= self.limit:
                     return books.used
         return None
+
+    def _by_eviction_order(self, candidates: list[tuple[str, str, int]]) -> Iterator[tuple[str, str, int]]:
+        """``candidates`` (cached shards) in the order to evict them, the best first.
+
+        Up to ``EVICTION_SAMPLE`` of them are ranked exactly. Beyond that, the
+        order's key (a Python call per shard) would grow with the cache, under the
+        lock every download takes: the best of a random sample of that many come
+        first (as Redis approximates LRU), then, if more room is needed, the rest
+        in exact order. benchmarks/cache_scale.py simulates what this costs in
+        downloads.
+        """
+        order = self._eviction_order()
+        if len(candidates) <= EVICTION_SAMPLE:
+            yield from sorted(candidates, key=order, reverse=True)
+            return
+        picked = set(_SAMPLER.sample(range(len(candidates)), EVICTION_SAMPLE))
+        yield from sorted((candidates[k] for k in picked), key=order, reverse=True)
+        yield from sorted((c for k, c in enumerate(candidates) if k not in picked), key=order, reverse=True)
 
     def _eviction_order(self) -> Callable[[tuple[str, str, int]], tuple[float, float]]:
         """Sort key of cached shards, largest evicted first: ``(rank, next use)``, where rank is the

@@ -151,3 +151,27 @@ def test_a_dead_download_counted_by_the_journal_is_removed_when_room_runs_out(ht
     assert_same_epoch(got, local_epochs(str(http_server.root / "ds"), 1)[0])
     assert not os.path.exists(os.path.join(ds.cache.dir, dead))
     assert ledger_module.ledger(str(cache_dir)).scans == 2  # the first look, and the one that found the room
+
+
+def test_an_eviction_ranks_a_bounded_sample_of_a_large_cache(http_server, served, tmp_path, monkeypatch):
+    from chute.storage import cache as cache_module
+
+    ds = chute.open(served, cache_dir=str(tmp_path / "cache"), cache_limit=1 << 30)
+    ranked = []
+
+    def order():
+        return lambda item: ranked.append(item) or item[2]  # evict the largest "next use" first
+
+    monkeypatch.setattr(ds.cache, "_eviction_order", order)
+    candidates = [("d", f"s{k}.arrow", k) for k in range(10)]
+    monkeypatch.setattr(cache_module, "EVICTION_SAMPLE", 10)
+    assert list(ds.cache._by_eviction_order(candidates)) == candidates[::-1]  # up to the sample size: exact
+    ranked.clear()
+    monkeypatch.setattr(cache_module, "EVICTION_SAMPLE", 4)
+    victims = ds.cache._by_eviction_order(candidates)
+    first = next(victims)
+    assert len(ranked) == 4 and first == max(ranked, key=lambda c: c[2])  # the best of the sample, 4 keys computed
+    sample = list(ranked)
+    rest = list(victims)
+    assert sorted([first, *rest]) == sorted(candidates)  # every shard once, if room takes them all
+    assert rest[3:] == sorted(set(candidates) - set(sample), key=lambda c: c[2], reverse=True)  # then in exact order
