@@ -515,8 +515,7 @@ class ShardCache:
                     f"raise cache_limit to at least {held + size:,} bytes"
                 )
         for attempt in (1, 2):
-            candidates = [s for s in books.shards() if not (s[0] == self.dir and s[1] in mine)]
-            for directory, name, _ in self._by_eviction_order(candidates):
+            for directory, name, _ in self._by_eviction_order(books.shards(), mine):
                 path = os.path.join(directory, name)
                 if try_exclusive(directory, name, lambda p=path: unlink(p)):  # type: ignore[misc]
                     books.remove(directory, name)
@@ -529,8 +528,8 @@ class ShardCache:
                     return books.used
         return None
 
-    def _by_eviction_order(self, candidates: list[tuple[str, str, int]]) -> Iterator[tuple[str, str, int]]:
-        """``candidates`` (cached shards) in the order to evict them, the best first.
+    def _by_eviction_order(self, shards: list[tuple[str, str, int]], mine: set[str]) -> Iterator[tuple[str, str, int]]:
+        """The cached ``shards`` but this dataset's files in ``mine``, in the order to evict them, the best first.
 
         Up to ``EVICTION_SAMPLE`` of them are ranked exactly. Beyond that, the
         order's key (a Python call per shard) would grow with the cache, under the
@@ -540,12 +539,17 @@ class ShardCache:
         downloads.
         """
         order = self._eviction_order()
-        if len(candidates) <= EVICTION_SAMPLE:
-            yield from sorted(candidates, key=order, reverse=True)
+        here = self.dir
+
+        def allowed(shard: tuple[str, str, int]) -> bool:
+            return not (shard[1] in mine and shard[0] == here)
+
+        if len(shards) <= EVICTION_SAMPLE:
+            yield from sorted(filter(allowed, shards), key=order, reverse=True)
             return
-        picked = set(_SAMPLER.sample(range(len(candidates)), EVICTION_SAMPLE))
-        yield from sorted((candidates[k] for k in picked), key=order, reverse=True)
-        yield from sorted((c for k, c in enumerate(candidates) if k not in picked), key=order, reverse=True)
+        picked = set(_SAMPLER.sample(range(len(shards)), EVICTION_SAMPLE))
+        yield from sorted(filter(allowed, (shards[k] for k in picked)), key=order, reverse=True)
+        yield from sorted((c for k, c in enumerate(shards) if k not in picked and allowed(c)), key=order, reverse=True)
 
     def _eviction_order(self) -> Callable[[tuple[str, str, int]], tuple[float, float]]:
         """Sort key of cached shards, largest evicted first: ``(rank, next use)``, where rank is the

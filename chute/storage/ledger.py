@@ -153,6 +153,7 @@ class Ledger:
         self.clock = clock
         self.files: dict[str, int] = {}
         self.used = 0
+        self._shards: dict[str, tuple[str, str, int]] = {}  # the complete shards of files, as shards() gives them
         self.scans = 0  # full scans of the directory this process made
         self._ident: tuple[int, int] | None = None  # (device, inode) of the journal file read
         self._offset = 0  # bytes of it read
@@ -189,6 +190,9 @@ class Ledger:
         """Scan the directory and rewrite the journal as what it holds."""
         self.files = scan(self.cache_dir)
         self.used = sum(self.files.values())
+        self._shards = {}
+        for key, size in self.files.items():
+            self._index(key, size)
         self.scans += 1
         self._scanned = self.clock()
         self._stale = False
@@ -209,13 +213,9 @@ class Ledger:
         self._ident, self._offset, self._lines = (st.st_dev, st.st_ino), len(text), len(self.files)
 
     def shards(self) -> list[tuple[str, str, int]]:
-        """The complete shards as ``(dataset directory, file, bytes)``."""
-        out = []
-        for key, size in self.files.items():
-            if key.endswith(".arrow"):
-                directory, name = key.split("/", 1)
-                out.append((os.path.join(self.cache_dir, directory), name, size))
-        return out
+        """The complete shards as ``(dataset directory, file, bytes)`` (kept as the journal is read, so
+        that this is a copy of a list, not a pass of Python code over every cached shard)."""
+        return list(self._shards.values())
 
     def add(self, directory: str, name: str, size: int) -> None:
         """``directory/name`` counts ``size`` bytes from now on (made under the lock held since :meth:`sync`)."""
@@ -234,9 +234,16 @@ class Ledger:
 
     def _count(self, key: str, size: int | None) -> None:
         self.used -= self.files.pop(key, 0)
+        self._shards.pop(key, None)
         if size is not None:
             self.files[key] = size
             self.used += size
+            self._index(key, size)
+
+    def _index(self, key: str, size: int) -> None:
+        if key.endswith(".arrow"):
+            directory, name = key.split("/", 1)
+            self._shards[key] = (os.path.join(self.cache_dir, directory), name, size)
 
     def _append(self, line: str) -> None:
         if self._stale or "\n" in line[:-1]:
@@ -269,7 +276,7 @@ class Ledger:
             os.unlink(self.path)
 
     def _reset(self, ident: tuple[int, int]) -> None:
-        self.files, self.used = {}, 0
+        self.files, self.used, self._shards = {}, 0, {}
         self._ident, self._offset, self._lines = ident, 0, 0
 
     def _apply(self, data: bytes) -> bool:

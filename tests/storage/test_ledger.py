@@ -165,10 +165,12 @@ def test_an_eviction_ranks_a_bounded_sample_of_a_large_cache(http_server, served
     monkeypatch.setattr(ds.cache, "_eviction_order", order)
     candidates = [("d", f"s{k}.arrow", k) for k in range(10)]
     monkeypatch.setattr(cache_module, "EVICTION_SAMPLE", 10)
-    assert list(ds.cache._by_eviction_order(candidates)) == candidates[::-1]  # up to the sample size: exact
+    assert list(ds.cache._by_eviction_order(candidates, set())) == candidates[::-1]  # up to the sample size: exact
+    held = [(ds.cache.dir, "s1.arrow", 1), ("d", "s1.arrow", 5)]  # this dataset's s1 is held here; another's is not
+    assert list(ds.cache._by_eviction_order(held, {"s1.arrow"})) == [("d", "s1.arrow", 5)]
     ranked.clear()
     monkeypatch.setattr(cache_module, "EVICTION_SAMPLE", 4)
-    victims = ds.cache._by_eviction_order(candidates)
+    victims = ds.cache._by_eviction_order(candidates, set())
     first = next(victims)
     assert len(ranked) == 4 and first == max(ranked, key=lambda c: c[2])  # the best of the sample, 4 keys computed
     sample = list(ranked)
