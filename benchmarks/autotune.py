@@ -2,9 +2,10 @@
 
 For each workload, one process per repeat runs every configuration in turn
 (round-robin within the process, so load that drifts hits them alike; a new
-Loader for each, the data in the page cache): 2 shuffled epochs, the second
-measured (the autotuner tunes during the first, and the next pass starts where
-it got to; a fixed setting gets the same warm-up). The table shows medians of
+Loader for each, the data in the page cache): one shuffled epoch, then whole
+epochs measured until they add up to MEASURE_S (1 s) (the autotuner tunes during
+the first and goes on in the measured ones, where it got to; a fixed setting gets
+the same warm-up). The table shows medians of
 samples/s over the repeats, each configuration's ratio to the best fixed one
 of the same run, and the settings the autotuner reached.
 
@@ -61,7 +62,14 @@ def _data(workload: str, data_dir: str):
     return array_dataset(workload, data_dir)[0]
 
 
-def _one(ds, workload: str, config: str, epochs: int = 2) -> dict:
+#: Whole shuffled epochs after the first are measured until they add up to this many seconds: W1-W3 epochs
+#: last 0.1-0.2 s, and one such epoch on this VM varies by tens of percent, which a "best of 12 fixed settings"
+#: turns into a bias against the one autotuned configuration (the best of many noisy draws).
+MEASURE_S = 1.0
+MAX_EPOCHS = 40
+
+
+def _one(ds, workload: str, config: str) -> dict:
     import chute
 
     transform = chute.images.DecodeCrop("jpeg", size=224, random=True) if workload == "w4" else None
@@ -71,14 +79,17 @@ def _one(ds, workload: str, config: str, epochs: int = 2) -> dict:
         t, p = (int(v) for v in config.split("x"))
         workers = chute.Workers(count=t, prefetch=p)
     loader = chute.Loader(ds, BATCH[workload], shuffle=True, seed=0, transform=transform, workers=workers)
-    rate = 0.0
-    for epoch in range(epochs):
-        samples, start = 0, time.perf_counter()
+    for _ in loader:  # the first epoch: the tuner tunes, a fixed setting warms up
+        pass
+    samples, seconds, epochs = 0, 0.0, 0
+    while seconds < MEASURE_S and epochs < MAX_EPOCHS:
+        start = time.perf_counter()
         for batch in loader:
             samples += len(batch["label"]) if "label" in batch else BATCH[workload]
-        rate = samples / (time.perf_counter() - start)
+        seconds += time.perf_counter() - start
+        epochs += 1
     report = loader.report(since="start")
-    out = {"samples_per_s": rate, "threads": report.settings["num_threads"], "prefetch": report.settings["prefetch"],
+    out = {"samples_per_s": samples / seconds, "measured_epochs": epochs, "threads": report.settings["num_threads"], "prefetch": report.settings["prefetch"],
            "decisions": [f"{d.change}: {d.reason}" for d in report.decisions]}
     loader.close()
     return out
@@ -170,7 +181,8 @@ def tables(rows: list[dict]) -> dict[str, dict]:
                         ["reached_text", "settings reached (each run)", ""]],
             "rows": [],
             "notes": (f"medians of {row['repeats']} runs; each run a process that runs every configuration in turn "
-                      "(2 shuffled epochs each, the second measured); fixed settings are chute.Workers(count=threads, "
+                      f"(a shuffled epoch, then whole epochs measured until they add up to {MEASURE_S:g} s); "
+                      "fixed settings are chute.Workers(count=threads, "
                       "prefetch=...), autotuned is chute.Loader's default"),
         })
         shown = {**row, "label": row["label"].removeprefix(w.upper() + " ")}
