@@ -201,7 +201,12 @@ class Ledger:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
-                os.write(fd, text)
+                view = memoryview(text)
+                while view:  # never a torn snapshot in place: a full disk raises (then no journal at all)
+                    written = os.write(fd, view)
+                    if written <= 0:
+                        raise OSError(f"cannot write {self.path}")
+                    view = view[written:]
                 st = os.fstat(fd)
             finally:
                 os.close(fd)
@@ -281,7 +286,7 @@ class Ledger:
 
     def _apply(self, data: bytes) -> bool:
         """Apply whole journal lines; False if one cannot be read (the journal is then rewritten by a scan)."""
-        for raw in data.decode("utf-8", "surrogateescape").splitlines():
+        for raw in data.decode("utf-8", "surrogateescape").split("\n")[:-1]:  # only "\n" ends a line
             op, _, rest = raw.partition(" ")
             if op == "+":
                 key, _, size = rest.rpartition(" ")

@@ -85,6 +85,19 @@ def test_each_process_follows_the_others_changes_and_their_rewrites(tmp_path):
     assert not (directory / "c.arrow.7.x.part").exists()
 
 
+def test_file_names_with_any_character_but_a_newline_go_through_the_journal(tmp_path):
+    directory = _dataset_dir(tmp_path)
+    one, two = Ledger(str(tmp_path)), Ledger(str(tmp_path))
+    one.sync()
+    two.sync()
+    one.sync()
+    odd = "shard \u2028 with\x0cbreaks\x1e.arrow"  # str.splitlines() would split these
+    _shard(directory, odd, 9)
+    one.add(str(directory), odd, 9)
+    two.sync()
+    assert two.files == {f"{directory.name}/{odd}": 9} and two.scans == 1  # read from the journal, not scanned
+
+
 @pytest.mark.parametrize("damage", ["malformed", "foreign", "unlocked", "gone"])
 def test_a_journal_it_cannot_trust_leads_to_a_scan(tmp_path, damage):
     directory = _dataset_dir(tmp_path)
