@@ -23,7 +23,8 @@ The rules (thresholds are the constants below):
   came from becomes a ceiling for the rest of the loader's life (the wait
   ending is enough to keep a change only if it was at least twice ``WAIT``
   before and the rate did not fall, and never for a thread beyond the CPU
-  budget: that one stays only for a measured gain). Best-of-two
+  budget: that one stays only for a gain measured in every one of the ``SETTLE``
+  windows after it, not just the best). Best-of-two
   makes one disturbed window (another process taking the CPU for a moment)
   neither start nor end a trial. Each judged trial is kept as a :class:`Step`
   (before and after, measured): the report's advice comes from these, never
@@ -278,7 +279,8 @@ class Policy:
         if self._trial is not None:
             if not settled:
                 return changes  # judge the change on SETTLE windows, not on the one disturbed by it
-            changes.extend(self._judge(self._trial, best, window, limit))
+            worst = min((s[0] for s in self._steady[-SETTLE:] if s[0] == s[0]), default=0.0)
+            changes.extend(self._judge(self._trial, best, worst, window, limit))
             if changes:
                 return changes
         wait, busy = window.wait_fraction, window.utilisation
@@ -329,11 +331,13 @@ class Policy:
 
     # ---------------------------------------------------------------- helpers
 
-    def _judge(self, trial: _Trial, best: tuple[float, float] | None, window: Window, limit: int) -> list[tuple[str, str]]:
-        """Keep or undo the change under trial; remember it as a :class:`Step`."""
+    def _judge(self, trial: _Trial, best: tuple[float, float] | None, worst: float, window: Window,
+               limit: int) -> list[tuple[str, str]]:
+        """Keep or undo the change under trial (``best``: the best window after it, ``worst``: the
+        slowest one's samples/s); remember it as a :class:`Step`."""
         self._trial = None
         after_rate, after_wait = best if best is not None else (0.0, window.wait_fraction)
-        kept = _kept(trial, after_rate, after_wait, self.cpu_budget)
+        kept = _kept(trial, after_rate, after_wait, self.cpu_budget, worst)
         self.steps.append(Step(trial.change, trial.rate, after_rate, trial.wait, after_wait, kept))
         if kept:
             if trial.kind == "prefetch":
@@ -413,15 +417,17 @@ class Policy:
         return [(f"threads stay at {self.threads}", f"the loop waits {wait:.0%} of its time but {why}")]
 
 
-def _kept(trial: _Trial, after_rate: float, after_wait: float, cpu_budget: float) -> bool:
+def _kept(trial: _Trial, after_rate: float, after_wait: float, cpu_budget: float, worst_rate: float) -> bool:
     """Whether a trial stays: samples/s rose by ``GAIN``; or the loop's wait, clearly there before
     (at least twice ``WAIT``), ended without the rate falling. A worker thread beyond the CPU budget
-    stays only for a measured gain: the end of a wait alone is not worth a thread the cores cannot run.
+    stays only for a gain measured in every window after it (``worst_rate``), not in the best one: the
+    end of a wait alone is not worth a thread the cores cannot run, and on short windows one fast
+    window after the change is noise as often as a gain (benchmarks/autotune.py, W2).
     """
+    if trial.kind == "threads" and trial.threads + 1 > cpu_budget:
+        return worst_rate >= trial.rate * GAIN
     if after_rate >= trial.rate * GAIN:
         return True
-    if trial.kind == "threads" and trial.threads + 1 > cpu_budget:
-        return False
     return after_wait < WAIT <= trial.wait / 2 and after_rate >= trial.rate
 
 

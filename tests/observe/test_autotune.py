@@ -449,6 +449,14 @@ def test_a_thread_beyond_the_cores_stays_only_for_a_measured_gain():
     for rate in (1000, 1000, 1060, 1060):  # +6%: measured, kept
         kept.step(data_bound(rate))
     assert [(s.change, s.kept) for s in kept.steps] == [("threads 2 -> 3", True)]
+    noisy = Policy(2, 4, max_threads=8, cpu_budget=2)
+    for rate in (1000, 1000, 900, 1100):  # +10% in one window after, -10% in the other: noise, not a gain
+        noisy.step(data_bound(rate))
+    assert noisy.threads == 2 and [(s.change, s.kept) for s in noisy.steps] == [("threads 2 -> 3", False)]
+    within = Policy(1, 4, max_threads=8, cpu_budget=2)
+    for rate in (1000, 1000, 900, 1100):  # within the cores the best window after still decides
+        within.step(data_bound(rate))
+    assert [(s.change, s.kept) for s in within.steps] == [("threads 1 -> 2", True)]
 
 
 def test_a_deeper_prefetch_that_only_nudges_a_small_wait_is_undone():
