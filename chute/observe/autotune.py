@@ -13,22 +13,29 @@ The rules (thresholds are the constants below):
 * The loop is *data-bound* in a window when it waited for data at least
   ``WAIT`` of its time. Otherwise nothing is added (and the depth may shrink).
 * Every change that is meant to end the waiting is a **trial**: it is made
-  after ``SETTLE`` windows at the current settings (the first window of a pass,
-  its start-up, does not give a rate) and the best of them is the rate it is
+  after ``JUDGE`` windows at the current settings (the first window of a pass,
+  its start-up, does not give a rate) and their median rate is what it is
   judged against; a *starved* window (the loop only waited, the workers were
   busy and about a core idle: ``STARVED``) is enough on its own, even a pass's
-  first, to start a thread's trial; it is judged on the best of the ``SETTLE`` windows after it
-  (the first of which the change itself disturbs). If the loop still waits and
-  samples/s did not rise by ``GAIN``, the change is undone and the setting it
-  came from becomes a ceiling for the rest of the loader's life (the wait
-  ending is enough to keep a change only if it was at least twice ``WAIT``
-  before and the rate did not fall, and never for a thread beyond the CPU
-  budget: that one stays only for a gain measured in every one of the ``SETTLE``
-  windows after it, not just the best). Best-of-two
-  makes one disturbed window (another process taking the CPU for a moment)
-  neither start nor end a trial. Each judged trial is kept as a :class:`Step`
-  (before and after, measured): the report's advice comes from these, never
-  from a model of how threads scale.
+  first, to start a thread's trial. A trial is judged on the median of the
+  ``JUDGE`` windows after it (the first of which the change itself disturbs).
+  If the loop still waits and samples/s did not rise by ``GAIN``, the change
+  is undone and the setting it came from becomes a ceiling for the rest of the
+  loader's life (the wait ending is enough to keep a change only if it was at
+  least twice ``WAIT`` before and the rate did not fall, and never for a
+  thread beyond the CPU budget: that one stays only for a gain measured in all
+  but one of the ``JUDGE`` windows after it). A gain below ``RECHECK`` (and
+  any for a thread beyond the CPU budget) is checked before it is kept: the
+  policy goes back to the settings before, measures them again, and the
+  change must beat both rates measured without it (a shared machine's speed
+  drifts by tens of percent within seconds: a change made as it sped up, or
+  after a slow stretch, would look like a gain). Kept, the change is made again. Medians of several windows,
+  not the best or the last one: a 0.03 s window's samples/s varies by +-30%
+  on a shared machine (benchmarks/autotune.py, W1 and W2), more than the
+  gains a trial looks for, and one disturbed window (another process taking
+  the CPU for a moment) must neither start nor end a trial. Each judged trial
+  is kept as a :class:`Step` (before and after, measured): the report's advice
+  comes from these, never from a model of how threads scale.
 * Data-bound and the worker threads busy at least ``BUSY`` of their time: try
   one more thread, if the budgets allow it. The **CPU budget** counts CPU
   actually used (the process's CPU time over the window, ``os.times``): a thread
@@ -37,7 +44,9 @@ The rules (thresholds are the constants below):
   may run on), with ``CPU_SLACK`` of a core to spare, or while at least
   ``CPU_SLACK`` of the budget is idle (one worker busy on a copy and the loop
   on 2 cores: the trial measures what a second worker gets from the rest).
-  Threads that wait (I/O, sleeps) use little CPU, so more of them fit. ``max_threads`` is a hard cap
+  Threads that wait (I/O, sleeps) use little CPU, so more of them fit. The
+  cores in use are the median over the windows at the current settings, not
+  one window's. ``max_threads`` is a hard cap
   on the count (``chute.Workers(max_count=)``). The **memory budget** allows at
   most ``max_bytes // batch bytes`` batches in flight, and a thread needs a
   batch in flight to work on.
@@ -72,12 +81,16 @@ WAIT = 0.05
 BUSY = 0.80
 #: A change made while data-bound must raise samples/s by this factor (or end the waiting) to stay.
 GAIN = 1.05
+#: A measured gain below this factor is re-measured before it is kept (see Policy._judge): a shared
+#: machine's speed drifts by more than GAIN between one second and the next.
+RECHECK = 1.25
 #: Calm windows (no waiting, >= 3 batches always ready) before the depth shrinks by one.
 CALM = 2
 #: The loop waits at least this share of a window: starved (see Policy._starved).
 STARVED = 0.9
-#: Windows at the same settings (the first one of a pass not counted) before a trial starts or is judged.
-SETTLE = 2
+#: Windows at the same settings (the first one of a pass not counted) before a trial starts, and after
+#: it before it is judged: the medians of these are compared.
+JUDGE = 5
 #: Share of a core the CPU in use may exceed the budget by when one more thread is tried, and
 #: the idle share of the budget that is enough to try one more thread anyway.
 CPU_SLACK = 0.25
@@ -158,8 +171,9 @@ class Decision:
 class Step:
     """A trial the policy judged: the change, the loop's samples/s and wait share before and after, kept or undone.
 
-    Before is the best of the ``SETTLE`` windows ahead of the change, after
-    the best of the ``SETTLE`` windows that followed it (each with its wait).
+    Before is the median of the ``JUDGE`` windows ahead of the change (or
+    the one starved window that started it), after the median of the
+    ``JUDGE`` windows that followed it (each with the median wait).
     """
 
     change: str  # "threads 1 -> 2", "prefetch 8 -> 12"
@@ -198,8 +212,23 @@ class Step:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Seen:
+    """What the policy keeps of one window at the current settings."""
+
+    rate: float  # samples/s; NaN for a pass's start-up window
+    wait: float
+    cores: float | None
+    worker_cores: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class _Trial:
-    """A change under trial: what to go back to, and the rate and wait it is judged against."""
+    """A change under trial: what to go back to, the rate and wait it is judged against, the settings tried.
+
+    ``after`` holds the samples/s of the ``JUDGE`` windows after the change
+    once they are measured and the policy went back to re-measure the rate
+    before (the recheck); empty until then.
+    """
 
     kind: str  # "threads" or "prefetch"
     threads: int
@@ -207,6 +236,10 @@ class _Trial:
     rate: float
     wait: float
     change: str
+    to_threads: int
+    to_depth: int
+    after: tuple[float, ...] = ()
+    after_wait: float = 0.0
 
 
 class Policy:
@@ -239,7 +272,7 @@ class Policy:
         self.batch_bytes = 0.0  # the largest mean batch size seen
         self.steps: collections.deque[Step] = collections.deque(maxlen=STEPS)
         self._trial: _Trial | None = None
-        self._steady: list[tuple[float, float]] = []  # (samples/s, wait share) of the windows since the last change
+        self._steady: list[_Seen] = []  # the windows since the last change
         self._first_of_pass = False
         self._calm = 0
         self._said: set[str] = set()  # one-time notes already made
@@ -251,8 +284,11 @@ class Policy:
         return max(1, int(self.max_bytes // self.batch_bytes))
 
     def new_pass(self) -> None:
-        """A pass starts (new worker threads): its first window's rate is not used as a baseline."""
-        self._steady = []
+        """A pass starts (new worker threads): its first window's rate is not used as a baseline.
+
+        The windows of the pass before still count (the settings are the
+        same): epochs of a fraction of a second give a window or two each.
+        """
         self._first_of_pass = True
 
     def step(self, window: Window) -> list[tuple[str, str]]:
@@ -272,41 +308,47 @@ class Policy:
         if changes:
             self._trial = None  # the settings moved under the trial: nothing to judge
         else:  # the first window of a pass counts as a window, but its rate is start-up's (NaN) unless starved
-            self._steady.append((math.nan if self._first_of_pass and not starved else window.rate, window.wait_fraction))
+            rate = math.nan if self._first_of_pass and not starved else window.rate
+            self._steady.append(_Seen(rate, window.wait_fraction, window.cores, window.worker_cores))
         self._first_of_pass = False
-        settled = len(self._steady) >= SETTLE
-        best = max((s for s in self._steady[-SETTLE:] if s[0] == s[0]), default=None)  # s[0] == s[0]: not NaN
+        measured = [s for s in self._steady if s.rate == s.rate][-JUDGE:]  # s.rate == s.rate: not NaN
+        settled = len(measured) >= JUDGE
+        base = _median_of(measured)
         if self._trial is not None:
             if not settled:
-                return changes  # judge the change on SETTLE windows, not on the one disturbed by it
-            worst = min((s[0] for s in self._steady[-SETTLE:] if s[0] == s[0]), default=0.0)
-            changes.extend(self._judge(self._trial, best, worst, window, limit))
-            if changes:
+                return changes  # judge the change on JUDGE windows, not on the one disturbed by it
+            changes.extend(self._judge(self._trial, measured, limit))
+            if changes or self._trial is not None:
                 return changes
         wait, busy = window.wait_fraction, window.utilisation
         if wait >= WAIT:
             self._calm = 0
             if busy >= BUSY and self.tune_threads:
-                cpu = self._cpu_full(window)
+                cpu = self._cpu_full(window, measured)
                 if self.threads < min(self.ceiling, self._thread_limit()) and cpu is None:
-                    if not (settled or starved) or best is None:
-                        return changes  # one more window at these settings first
+                    if starved and not settled:
+                        base = (window.rate, window.wait_fraction)  # one starved window is baseline enough
+                    elif not settled or base is None:
+                        return changes  # more windows at these settings first
                     change = self._set_threads(
                         self.threads + 1,
                         f"the loop waited {wait:.0%} of its time and the {self.threads} worker thread(s) were {busy:.0%} busy"
                         + (f"; {window.cores:.2f} of {self.cpu_budget:g} cores in use" if window.cores is not None else ""),
                     )
-                    self._trial = _Trial("threads", self.threads - 1, self.depth, best[0], best[1], change[0])
+                    old_depth = self.depth
                     changes.append(change)
                     want = min(limit, self.depth_ceiling, 2 * self.threads)
                     if self.tune_depth and self.depth < want:
                         changes.append(self._set_depth(want, "2 batches in flight per thread"))
+                    self._trial = _Trial(
+                        "threads", self.threads - 1, old_depth, base[0], base[1], change[0], self.threads, self.depth,
+                    )
                 else:
                     changes.extend(self._note_cap(wait, busy, limit, cpu))
             elif busy < BUSY and self.tune_depth and window.min_ready in (None, 0):
                 top = min(limit, self.depth_ceiling)
                 if self.depth < top:
-                    if not settled or best is None:
+                    if not settled or base is None:
                         return changes
                     old, new = self.depth, min(top, self.depth + max(1, self.depth // 2))
                     change = self._set_depth(
@@ -314,7 +356,7 @@ class Policy:
                         f"the loop waited {wait:.0%} of its time while the workers were idle {1 - busy:.0%} of theirs: "
                         "batches were not started early enough",
                     )
-                    self._trial = _Trial("prefetch", self.threads, old, best[0], best[1], change[0])
+                    self._trial = _Trial("prefetch", self.threads, old, base[0], base[1], change[0], self.threads, new)
                     changes.append(change)
         elif self.tune_depth and window.min_ready is not None and window.min_ready >= 3:
             self._calm += 1
@@ -331,41 +373,73 @@ class Policy:
 
     # ---------------------------------------------------------------- helpers
 
-    def _judge(self, trial: _Trial, best: tuple[float, float] | None, worst: float, window: Window,
-               limit: int) -> list[tuple[str, str]]:
-        """Keep or undo the change under trial (``best``: the best window after it, ``worst``: the
-        slowest one's samples/s); remember it as a :class:`Step`."""
+    def _judge(self, trial: _Trial, measured: list[_Seen], limit: int) -> list[tuple[str, str]]:
+        """Keep or undo the change under trial, measured by the ``JUDGE`` windows since the last change.
+
+        After the change: a loss is undone at once; a gain is kept at once when
+        it is beyond ``RECHECK`` (and not for a thread beyond the CPU budget);
+        otherwise the policy goes back to the old settings and measures them
+        again (the recheck), and the change must beat both rates measured
+        without it: a shared VM's speed drifts by tens of percent within
+        seconds, and one slow stretch before a change (another process on the
+        cores) must not make it look like a gain.
+        Kept, the change is made again. Either way it is remembered as a :class:`Step`.
+        """
+        now = _median_of(measured)
+        assert now is not None
+        if not trial.after:  # the windows after the change
+            after, after_wait, before, before_wait = [s.rate for s in measured], now[1], trial.rate, trial.wait
+        else:  # the windows back at the old settings: the change must beat both measures of them
+            after, after_wait = list(trial.after), trial.after_wait
+            before, before_wait = max((trial.rate, trial.wait), now)
+        after_rate = _median(after)
+        beyond = trial.kind == "threads" and trial.to_threads > self.cpu_budget
+        gained = sum(r >= before * GAIN for r in after)
+        kept = _kept(before, before_wait, after_rate, after_wait, beyond, gained)
+        if kept and not trial.after and (beyond or after_rate < before * RECHECK):
+            self._trial = dataclasses.replace(trial, after=tuple(after), after_wait=after_wait)
+            return self._go(
+                trial.threads, trial.depth,
+                f"{trial.change} measured {before:,.0f} -> {after_rate:,.0f} samples/s ({after_rate / before - 1:+.0%}): "
+                "re-measuring the settings before, as the machine's speed may have changed instead",
+            )
         self._trial = None
-        after_rate, after_wait = best if best is not None else (0.0, window.wait_fraction)
-        kept = _kept(trial, after_rate, after_wait, self.cpu_budget, worst)
-        self.steps.append(Step(trial.change, trial.rate, after_rate, trial.wait, after_wait, kept))
+        self.steps.append(Step(trial.change, before, after_rate, before_wait, after_wait, kept))
+        measured_text = f"{before:,.0f} -> {after_rate:,.0f} samples/s"
         if kept:
             if trial.kind == "prefetch":
-                self.floor = self.depth
-            return []
-        measured = f"{trial.rate:,.0f} -> {after_rate:,.0f} samples/s"
+                self.floor = trial.to_depth
+            if not trial.after:
+                return []
+            return self._go(trial.to_threads, min(trial.to_depth, limit), f"{trial.change} is kept: {measured_text} with the rate before re-measured")
+        what = (f"thread {trial.threads + 1} did not help: {measured_text}; staying at {trial.threads} "
+                "(the work may hold the GIL, or share one resource)") if trial.kind == "threads" else (
+                f"prefetch {trial.to_depth} did not help: {measured_text}; back to {trial.depth} "
+                "(the wait is not for lack of batches started)")
         if trial.kind == "threads":
             self.ceiling = trial.threads
-            changes = [self._set_threads(
-                trial.threads,
-                f"thread {trial.threads + 1} did not help: {measured}; staying at {trial.threads} "
-                "(the work may hold the GIL, or share one resource)",
-            )]
-            if self.tune_depth and self.depth != trial.depth:
-                changes.append(self._set_depth(min(trial.depth, limit), "back with the thread count"))
-            return changes
-        self.depth_ceiling = trial.depth
-        return [self._set_depth(
-            min(trial.depth, limit),
-            f"prefetch {self.depth} did not help: {measured}; back to {trial.depth} (the wait is not for lack of batches started)",
-        )]
+        else:
+            self.depth_ceiling = trial.depth
+        if trial.after:  # already back at the old settings: only the ceiling changes
+            stays = f"threads stay at {trial.threads}" if trial.kind == "threads" else f"prefetch stays at {trial.depth}"
+            return [(stays, what)]
+        return self._go(trial.threads, min(trial.depth, limit), what)
+
+    def _go(self, threads: int, depth: int, reason: str) -> list[tuple[str, str]]:
+        """Set both settings (those that are tuned), one change each, with the same reason."""
+        changes = []
+        if self.tune_threads and self.threads != threads:
+            changes.append(self._set_threads(threads, reason))
+        if self.tune_depth and self.depth != depth:
+            changes.append(self._set_depth(depth, reason if not changes else "with the thread count"))
+        return changes
 
     def _starved(self, window: Window) -> bool:
         """Whether the window leaves no doubt that a thread is missing: the loop did nothing but wait
         (``STARVED``), the workers were busy, and a worker's core was idle (all but ``CPU_SLACK`` of one: the
         loop's own thread uses a little). Then its rate is a
         baseline even as a pass's first window (nothing was built ahead for it to drain), and one such window
-        is enough to start a thread's trial (``SETTLE`` windows judge it as always)."""
+        is enough to start a thread's trial (``JUDGE`` windows judge it as always)."""
         cores = window.cores
         return (window.wait_fraction >= STARVED and window.utilisation >= BUSY and cores is not None
                 and cores + 1 <= self.cpu_budget + CPU_SLACK)
@@ -374,9 +448,16 @@ class Policy:
         """Threads the budgets allow by count: ``max_threads``, and one batch in flight per thread."""
         return max(1, min(self.max_threads, self.depth_limit()))
 
-    def _cpu_full(self, window: Window) -> str | None:
-        """Why one more thread would not fit the CPU budget, or None if it fits (or CPU was not measured)."""
+    def _cpu_full(self, window: Window, measured: list[_Seen]) -> str | None:
+        """Why one more thread would not fit the CPU budget, or None if it fits (or CPU was not measured).
+
+        The cores in use are the median over ``measured`` (the windows at these settings), or the window's
+        alone before there are any: one window's CPU varies as much as its rate.
+        """
+        pairs = [(s.cores, s.worker_cores) for s in measured if s.cores is not None and s.worker_cores is not None]
         cores, workers = window.cores, window.worker_cores
+        if pairs:
+            cores, workers = _median([c for c, _ in pairs]), _median([w for _, w in pairs])
         if cores is None or workers is None:
             return None
         per_thread = workers / self.threads
@@ -417,18 +498,32 @@ class Policy:
         return [(f"threads stay at {self.threads}", f"the loop waits {wait:.0%} of its time but {why}")]
 
 
-def _kept(trial: _Trial, after_rate: float, after_wait: float, cpu_budget: float, worst_rate: float) -> bool:
-    """Whether a trial stays: samples/s rose by ``GAIN``; or the loop's wait, clearly there before
-    (at least twice ``WAIT``), ended without the rate falling. A worker thread beyond the CPU budget
-    stays only for a gain measured in every window after it (``worst_rate``), not in the best one: the
-    end of a wait alone is not worth a thread the cores cannot run, and on short windows one fast
-    window after the change is noise as often as a gain (benchmarks/autotune.py, W2).
+def _kept(before: float, before_wait: float, after: float, after_wait: float, beyond: bool, gained: int) -> bool:
+    """Whether a trial stays: the median samples/s ``after`` rose by ``GAIN`` over ``before``; or the
+    loop's wait, clearly there before (at least twice ``WAIT``), ended without the rate falling. A
+    worker thread beyond the CPU budget (``beyond``) stays only for a gain measured in all but one of the
+    ``JUDGE`` windows after it (``gained``; the one excused is the window the change disturbed): the end
+    of a wait alone is not worth a thread the cores cannot run, and a gain in half the windows is noise
+    as often as not (benchmarks/autotune.py, W2).
     """
-    if trial.kind == "threads" and trial.threads + 1 > cpu_budget:
-        return worst_rate >= trial.rate * GAIN
-    if after_rate >= trial.rate * GAIN:
+    if beyond:
+        return gained >= JUDGE - 1 and after >= before * GAIN
+    if after >= before * GAIN:
         return True
-    return after_wait < WAIT <= trial.wait / 2 and after_rate >= trial.rate
+    return after_wait < WAIT <= before_wait / 2 and after >= before
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _median_of(windows: list[_Seen]) -> tuple[float, float] | None:
+    """``(median samples/s, median wait share)`` of ``windows``, or None if there are none."""
+    if not windows:
+        return None
+    return _median([s.rate for s in windows]), _median([s.wait for s in windows])
 
 
 def _mb(nbytes: float) -> str:

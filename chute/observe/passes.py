@@ -16,6 +16,7 @@ it runs); ``report(since="start")`` covers the loader's whole life.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,9 @@ from chute.observe.autotune import Autotuner
 from chute.observe.counters import Counters, Snapshot, nbytes_of
 from chute.observe.hooks import Hook
 from chute.observe.report import Context, Report, build, cache_window
+
+#: A decision that moved the thread count (others: prefetch, or a note such as "threads stay at 2").
+_MOVE = re.compile(r"threads (\d+) -> (\d+)")
 
 
 class DeviceTiming:
@@ -175,12 +179,12 @@ class LoaderMeter(Hook):
             cache_start = self._cache_start
         decisions = tuple(self.tuner.decisions) if self.tuner is not None else ()
         begin_s = (window_start - self.counters.created_ns) / 1e9
-        moves = [d.change.split() for d in decisions if d.time_s >= begin_s and d.change.startswith("threads ") and "->" in d.change]
+        moves = [m for d in decisions if d.time_s >= begin_s and (m := _MOVE.fullmatch(d.change))]
         context = Context(
             source="chute.Loader", window=label, settings=settings, decisions=decisions,
             cache=cache_window(cache, cache_start), skipped=skipped, cpu_s=cpu_s, cpu_budget=cpu_budget,
             first_batch_s=None if first is None else first / 1e9, workers_kind=workers_kind,
-            threads_changed=(int(moves[0][1]), int(moves[-1][-1])) if moves else None,
+            threads_changed=(int(moves[0][1]), int(moves[-1][2])) if moves else None,
             steps=tuple(self.tuner.policy.steps) if self.tuner is not None else (),
         )
         return build(window, context)

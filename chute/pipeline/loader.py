@@ -149,7 +149,7 @@ class Loader:
         if w.count is not None:
             self.num_threads = w.count
         elif w.kind == "threads":  # autotuned from one thread, or one per core for work without the GIL
-            self.num_threads = min(self.max_threads, self.cpu_budget) if self.fns.gil_free else 1
+            self.num_threads = min(self.max_threads, self.cpu_budget) if self._gil_free() else 1
         else:  # processes are not autotuned
             self.num_threads = min(8, w.max_count or self.cpu_budget)
         self.prefetch = w.prefetch if w.prefetch is not None else self._first_depth()
@@ -167,18 +167,28 @@ class Loader:
             self.hooks.add(self._meter)
         self._waits = WaitHistory()  # the loop's recent waits, for the adaptive stall timeout
 
-    def _first_depth(self) -> int:
-        """Batches in flight to start with: 8, or fewer when 8 batches would not fit the memory budget.
+    def _gil_free(self) -> bool:
+        """Whether a batch's work runs without the GIL: a transform that says so, or no Python function
+        at all over a dataset whose columns are all fixed-size (gathered by one native call per batch)."""
+        if self.fns.gil_free:
+            return True
+        variable = getattr(self.dataset, "variable_columns", None)
+        return self.fns.identity and variable is not None and not variable
 
-        Measured on small batches whose decoding holds the GIL (W1, dicts of
-        strings, batch 64, one thread): 2 in flight gave 425k samples/s, 8 gave
-        550k; the worker runs ahead of the loop instead of waiting for its next
-        step. A batch's size is estimated from the dataset's bytes per row.
+    def _first_depth(self) -> int:
+        """Batches in flight to start with: 16, or fewer when 16 batches would not fit the memory budget.
+
+        Measured (benchmarks/autotune.py, 2 CPUs): on small batches whose
+        decoding holds the GIL (W1, dicts of strings, batch 64) 2 in flight gave
+        425k samples/s and 8 gave 550k, the worker running ahead of the loop
+        instead of waiting for its next step; 16 was 0-10% faster than 8 on
+        W1-W3 at the thread counts the autotuner reaches there. A batch's size is
+        estimated from the dataset's bytes per row.
         """
         rows = max(1, len(self.dataset))
         batch_bytes = max(1.0, getattr(self.dataset, "nbytes", 0) / rows * self.batch_size)
         fits = int(self.max_prefetch_bytes // batch_bytes)
-        return max(2 * self.num_threads, min(8, fits), 1)
+        return max(2 * self.num_threads, min(16, fits), 1)
 
     def _setup_storage(self) -> None:
         """Progressive mode (a dataset opened with progressive=True), or a check that the cache is big enough."""

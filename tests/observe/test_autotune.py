@@ -12,7 +12,7 @@ import pytest
 
 import chute
 import chute.images
-from chute.observe.autotune import Policy, Step, Window
+from chute.observe.autotune import JUDGE, Policy, Step, Window
 from chute.observe.report import Context, build
 from tests.observe.test_report import window
 
@@ -27,57 +27,81 @@ def data_bound(rate: float = 1000.0, busy: float = 0.95, wait: float = 0.5, min_
     )
 
 
+def feed(policy: Policy, window: Window, times: int = JUDGE) -> list[tuple[str, str]]:
+    """Step ``policy`` through ``times`` copies of ``window``; the changes made, in order."""
+    changes = []
+    for _ in range(times):
+        changes += policy.step(window)
+    return changes
+
+
 def test_adds_threads_while_the_loop_waits_and_stops_at_the_thread_cap():
     policy = Policy(1, 2, max_threads=3)
-    rate = 100.0
-    for _ in range(10):
-        policy.step(data_bound(rate))
-        rate *= 1.5  # every thread helps
+    for _ in range(40):
+        policy.step(data_bound(100.0 * 1.5 ** (policy.threads - 1)))  # every thread helps (+50%)
         assert policy.threads <= 3
     assert policy.threads == 3
     assert policy.depth == 6  # 2 per thread
-    notes = policy.step(data_bound(rate))  # still waiting: said once why it does not add more
+    notes = policy.step(data_bound(100.0 * 1.5 ** 2))  # still waiting: said once why it does not add more
     assert policy.threads == 3
     assert notes == [] or "thread budget of 3" in notes[0][1]
     assert [s.change for s in policy.steps] == ["threads 1 -> 2", "threads 2 -> 3"] and all(s.kept for s in policy.steps)
 
 
-def test_a_thread_is_added_and_judged_after_two_windows_at_the_same_settings():
+def test_a_thread_is_added_and_judged_on_the_medians_of_windows_at_the_same_settings():
     policy = Policy(1, 2, max_threads=8)
-    assert policy.step(data_bound(900)) == []  # one window is not enough to know the rate
+    # the third window disturbed (another process on the cores): the median of the five is the rate
+    assert feed(policy, data_bound(1000), 2) + feed(policy, data_bound(400), 1) + feed(policy, data_bound(1000), 1) == []
     changes = policy.step(data_bound(1000))
     assert changes[0][0] == "threads 1 -> 2"
     assert policy.step(data_bound(500)) == []  # the window disturbed by the change is not judged alone
-    changes = policy.step(data_bound(1010))  # the best of the two: +1% over the best before (the GIL, say)
+    assert feed(policy, data_bound(1010), JUDGE - 2) == []
+    changes = policy.step(data_bound(1010))  # the median: +1% over the rate before (the GIL, say)
     assert changes[0][0] == "threads 2 -> 1"
     assert "did not help: 1,000 -> 1,010 samples/s" in changes[0][1]
     assert (policy.threads, policy.depth, policy.ceiling) == (1, 2, 1)
     assert list(policy.steps) == [Step("threads 1 -> 2", 1000.0, 1010.0, 0.5, 0.5, kept=False)]
-    for _ in range(5):
-        policy.step(data_bound(1000))
+    feed(policy, data_bound(1000), 12)
     assert policy.threads == 1
 
 
-def test_a_thread_that_ends_the_waiting_stays_even_without_much_gain():
-    policy = Policy(3, 6, max_threads=8)
-    policy.step(data_bound(1000))
-    policy.step(data_bound(1000))
+def test_a_thread_that_ends_the_waiting_stays_even_without_much_gain_once_rechecked():
+    policy = Policy(3, 16, max_threads=8)  # deep enough: no depth change comes with a thread
+    assert [c for c, _ in feed(policy, data_bound(1000))] == ["threads 3 -> 4"]
+    # +3%, but the loop no longer waits: the consumer sets the pace now. Below RECHECK: the rate without
+    # the thread is measured again first, then the thread comes back.
+    changes = feed(policy, data_bound(1030, wait=0.01))
+    assert [c for c, _ in changes] == ["threads 4 -> 3"] and "re-measuring" in changes[0][1]
+    assert not policy.steps  # not judged yet
+    changes = feed(policy, data_bound(1000))
+    assert [c for c, _ in changes] == ["threads 3 -> 4"] and "is kept" in changes[0][1]
     assert policy.threads == 4
-    policy.step(data_bound(1030, wait=0.01))  # +3%, but the loop no longer waits: the consumer sets the pace now
-    policy.step(data_bound(1030, wait=0.01))
-    assert policy.threads == 4
-    assert policy.steps[-1].kept
+    assert policy.steps[-1] == Step("threads 3 -> 4", 1000.0, 1030.0, 0.5, 0.01, kept=True)
 
 
 def test_the_first_window_of_a_pass_is_not_a_baseline():
     policy = Policy(1, 2, max_threads=8)
     policy.new_pass()
     assert policy.step(data_bound(300)) == []  # start-up of the new threads: not used
-    changes = policy.step(data_bound(1000))
+    changes = feed(policy, data_bound(1000))
     assert changes[0][0] == "threads 1 -> 2"
-    policy.step(data_bound(1040))
-    policy.step(data_bound(1040))  # +4% over 1,000 (not over the 300 of the start-up window): not enough
+    feed(policy, data_bound(1040))  # +4% over 1,000 (not over the 300 of the start-up window): not enough
     assert policy.threads == 1
+
+
+def test_the_windows_of_the_pass_before_count_at_the_same_settings():
+    # epochs of a fraction of a second give a window or two each: a trial spans passes
+    policy = Policy(1, 16, max_threads=2)
+    changes = []
+    for _ in range(JUDGE):
+        policy.new_pass()
+        changes += feed(policy, data_bound(300), 1) + feed(policy, data_bound(1000), 1)
+    assert [c for c, _ in changes] == ["threads 1 -> 2"]
+    for _ in range(JUDGE):
+        policy.new_pass()
+        feed(policy, data_bound(300), 1)
+        feed(policy, data_bound(2000), 1)
+    assert policy.threads == 2 and policy.steps[-1] == Step("threads 1 -> 2", 1000.0, 2000.0, 0.5, 0.5, kept=True)
 
 
 def test_a_starved_first_window_with_a_core_idle_starts_a_thread_trial_at_once():
@@ -89,15 +113,36 @@ def test_a_starved_first_window_with_a_core_idle_starts_a_thread_trial_at_once()
     changes = policy.step(starved)
     assert changes and changes[0][0] == "threads 1 -> 2"
     two = dataclasses.replace(data_bound(560, busy=1.0, wait=0.95), cpu_s=1.9, loop_cpu_s=0.0)
-    assert policy.step(two) == []  # judged on SETTLE windows, as every trial
+    assert feed(policy, two, JUDGE - 1) == []  # judged on JUDGE windows, as every trial
     policy.step(dataclasses.replace(two, samples=580))
-    assert policy.threads == 2 and policy.steps[-1] == Step("threads 1 -> 2", 300.0, 580.0, 1.0, 0.95, kept=True)
+    # +87%: beyond RECHECK, kept without going back
+    assert policy.threads == 2 and policy.steps[-1] == Step("threads 1 -> 2", 300.0, 560.0, 1.0, 0.95, kept=True)
     # The loop waiting as much but half a core idle (1.5 of 2 in use): the first window is start-up's, as before.
     crowded = Policy(1, 8, max_threads=16, cpu_budget=2)
     crowded.new_pass()
     window = dataclasses.replace(starved, cpu_s=1.5)
-    assert crowded.step(window) == []
+    assert feed(crowded, window, JUDGE) == []
     assert crowded.step(window)[0][0] == "threads 1 -> 2"
+
+
+def test_a_gain_that_the_machine_speeding_up_explains_is_undone_after_the_recheck():
+    # Without the thread 1,000 samples/s; with it 1,100; without it again 1,100: the machine sped up
+    # during the trial, the thread did nothing. The change must beat both rates measured without it.
+    policy = Policy(1, 16, max_threads=8, cpu_budget=2)
+    feed(policy, data_bound(1000))
+    assert [c for c, _ in feed(policy, data_bound(1100))] == ["threads 2 -> 1"]  # +10%: re-measured
+    changes = feed(policy, data_bound(1100))
+    assert changes == [("threads stay at 1", changes[0][1])] and "did not help: 1,100 -> 1,100" in changes[0][1]
+    assert (policy.threads, policy.ceiling) == (1, 1)
+    assert list(policy.steps) == [Step("threads 1 -> 2", 1100.0, 1100.0, 0.5, 0.5, kept=False)]
+    # and a slow stretch before the change (another process on the cores) does not make it a gain either
+    slow = Policy(1, 16, max_threads=8, cpu_budget=2)
+    feed(slow, data_bound(800))
+    assert slow.threads == 2
+    feed(slow, data_bound(900))  # +12% over the slow stretch: re-measured ...
+    assert slow.threads == 1 and not slow.steps
+    feed(slow, data_bound(1000))  # ... at 1,000 without the thread: it cost 10%
+    assert slow.threads == 1 and [(s.before_rate, s.after_rate, s.kept) for s in slow.steps] == [(1000.0, 900.0, False)]
 
 
 def test_memory_budget_bounds_depth_and_threads():
@@ -120,22 +165,17 @@ def test_a_depth_over_the_memory_budget_is_cut_at_once():
 def test_a_deeper_prefetch_is_a_trial_kept_when_it_helps_and_undone_when_not():
     policy = Policy(2, 8, max_threads=2)
     idle = dict(busy=0.5, wait=0.3, min_ready=0)
-    policy.step(data_bound(1000, **idle))
-    assert policy.step(data_bound(1000, **idle))[0][0] == "prefetch 8 -> 12"
-    policy.step(data_bound(1200, **idle))
+    assert [c for c, _ in feed(policy, data_bound(1000, **idle))] == ["prefetch 8 -> 12"]
     # +30%: kept (12 becomes the floor); the windows that judged it are the baseline of the next trial
-    changes = policy.step(data_bound(1300, **idle))
+    changes = feed(policy, data_bound(1300, **idle))
     assert policy.floor == 12 and policy.steps[-1].kept
-    assert changes[0][0] == "prefetch 12 -> 18"
-    policy.step(data_bound(1300, **idle))
-    changes = policy.step(data_bound(1310, **idle))  # +1%: undone, and 12 becomes the ceiling
+    assert [c for c, _ in changes] == ["prefetch 12 -> 18"]
+    changes = feed(policy, data_bound(1310, **idle))  # +1%: undone, and 12 becomes the ceiling
     assert changes[0][0] == "prefetch 18 -> 12" and "did not help: 1,300 -> 1,310 samples/s" in changes[0][1]
     assert policy.steps[-1] == Step("prefetch 12 -> 18", 1300.0, 1310.0, 0.3, 0.3, kept=False)
-    for _ in range(10):  # still waiting with idle workers: the depth does not climb again
-        policy.step(data_bound(1300, **idle))
+    feed(policy, data_bound(1300, **idle), 20)  # still waiting with idle workers: the depth does not climb again
     assert policy.depth == 12
-    for _ in range(6):  # the loop no longer waits, 5 batches always ready: but 12 was needed to help
-        policy.step(data_bound(1300, busy=0.5, wait=0.0, min_ready=5))
+    feed(policy, data_bound(1300, busy=0.5, wait=0.0, min_ready=5), 6)  # the loop no longer waits, 5 batches ready
     assert policy.depth == 12  # never below the depth that helped
 
 
@@ -165,7 +205,7 @@ def test_the_cpu_budget_counts_cpu_used_not_threads():
     # Threads that wait on I/O: each uses 0.05 of a core; the budget of 2 cores does not stop them at 2 threads.
     waiting = Policy(1, 8, max_threads=16, cpu_budget=2)
     rate = 100.0
-    for _ in range(16):
+    for _ in range(120):
         t = waiting.threads
         waiting.step(dataclasses.replace(data_bound(rate), cpu_s=0.05 * t + 0.02, loop_cpu_s=0.02))
         rate = 100.0 * waiting.threads  # every thread adds its share
@@ -173,7 +213,7 @@ def test_the_cpu_budget_counts_cpu_used_not_threads():
     # Threads that compute: each uses a whole core; the third would not fit in 2 cores.
     computing = Policy(1, 8, max_threads=16, cpu_budget=2)
     notes = []
-    for _ in range(12):
+    for _ in range(30):
         t = computing.threads
         notes += computing.step(dataclasses.replace(data_bound(100.0 * t), cpu_s=1.0 * t + 0.05, loop_cpu_s=0.05))
     assert computing.threads == 2
@@ -184,7 +224,7 @@ def test_the_cpu_budget_counts_cpu_used_not_threads():
 # ---------------------------------------------------------------- convergence, on models of known best settings
 
 
-def simulate(model, policy: Policy, windows: int = 80) -> list[float]:
+def simulate(model, policy: Policy, windows: int = 200) -> list[float]:
     """Feed ``policy`` the windows a pipeline following ``model`` would give; the rate at each window, as it goes.
 
     ``model(threads, depth) -> (samples/s, cores used, worker busy share)``; the
@@ -243,15 +283,15 @@ def test_converges_within_ten_percent_of_the_best_hand_picked_setting(model, cpu
 def test_the_tuner_stops_moving_once_converged():
     for model, cpus in ((gil_bound, 2), (io_bound, 2), (memory_bound, 4)):
         policy = Policy(1, 8, max_threads=16, cpu_budget=cpus)
-        simulate(model, policy, windows=60)
+        simulate(model, policy, windows=200)
         settled = (policy.threads, policy.depth)
-        simulate(model, policy, windows=40)
+        simulate(model, policy, windows=100)
         assert (policy.threads, policy.depth) == settled, model.__name__
 
 
 def test_the_reports_advice_is_the_last_measured_step():
     policy = Policy(1, 8, max_threads=2, cpu_budget=2)
-    simulate(io_bound, policy, windows=20)
+    simulate(io_bound, policy, windows=40)
     step = policy.steps[-1]
     assert step.change == "threads 1 -> 2" and step.kept and step.after_rate > step.before_rate
     snap = window(7.0, 3.0, {
@@ -301,22 +341,27 @@ class GilFree:
         return sample
 
 
-def test_a_transform_without_the_gil_starts_at_one_thread_per_cpu(ds):
+def test_work_without_the_gil_starts_at_one_thread_per_cpu(ds, tmp_path):
     assert chute.images.DecodeCrop("jpeg", 224, random=True).gil_free  # the decoders say so
+    strings = chute.write(({"x": np.full(4, i, np.float32), "id": i, "name": str(i)} for i in range(200)), tmp_path / "s")
     starts = {}
-    for name, kwargs in {
-        "gil_free": {"transform": GilFree()},
-        "plain": {"transform": lambda s: s},
-        "with a Python batch_transform": {"transform": GilFree(), "batch_transform": lambda b: b},
-        "capped": {"transform": GilFree(), "workers": chute.Workers(max_count=1)},
+    for name, (data, kwargs) in {
+        "gil_free": (ds, {"transform": GilFree()}),
+        "fixed-size columns, no function": (ds, {}),
+        "plain": (ds, {"transform": lambda s: s}),
+        "with a Python batch_transform": (ds, {"transform": GilFree(), "batch_transform": lambda b: b}),
+        "capped": (ds, {"transform": GilFree(), "workers": chute.Workers(max_count=1)}),
+        "a string column, no function": (strings, {}),
     }.items():
-        with chute.Loader(ds, 64, **kwargs) as ld:
-            starts[name] = (ld.num_threads, ld.cpu_budget)
+        with chute.Loader(data, 64, **kwargs) as ld:
+            starts[name] = (ld.num_threads, ld.cpu_budget, ld.prefetch)
             first = next(iter(ld))
             assert first["id"].shape == (64,)
     cpus = starts["gil_free"][1]
-    assert starts["gil_free"][0] == min(cpus, 16) and starts["plain"][0] == 1
+    assert starts["gil_free"][0] == starts["fixed-size columns, no function"][0] == min(cpus, 16)
+    assert starts["plain"][0] == starts["a string column, no function"][0] == 1
     assert starts["with a Python batch_transform"][0] == 1 and starts["capped"][0] == 1
+    assert all(p == max(16, 2 * t) for t, _, p in starts.values())  # small batches: 16 in flight, 2 per thread at least
 
 
 def test_io_bound_converges_to_the_thread_count_computed_by_hand_past_the_cpu_count(ds, caplog):
@@ -438,32 +483,50 @@ def test_idle_cpu_is_enough_to_try_one_more_thread():
 
 def test_a_thread_beyond_the_cores_stays_only_for_a_measured_gain():
     policy = Policy(2, 4, max_threads=8, cpu_budget=2)
-    policy.step(data_bound(1000))
-    policy.step(data_bound(1000))
+    feed(policy, data_bound(1000))
     assert policy.threads == 3  # tried: no CPU measured says it cannot fit
-    policy.step(data_bound(1030, wait=0.01))  # +3% and the wait ended: enough for a thread the cores can run ...
-    policy.step(data_bound(1030, wait=0.01))
+    feed(policy, data_bound(1030, wait=0.01))  # +3% and the wait ended: enough for a thread the cores can run ...
     assert policy.threads == 2  # ... not for a third thread on 2 cores
     assert not policy.steps[-1].kept and policy.ceiling == 2
-    kept = Policy(2, 4, max_threads=8, cpu_budget=2)
-    for rate in (1000, 1000, 1060, 1060):  # +6%: measured, kept
-        kept.step(data_bound(rate))
-    assert [(s.change, s.kept) for s in kept.steps] == [("threads 2 -> 3", True)]
+    kept = Policy(2, 16, max_threads=8, cpu_budget=2)
+    changes = feed(kept, data_bound(1000)) + feed(kept, data_bound(1300))  # even +30% is re-measured beyond the cores
+    assert [c for c, _ in changes] == ["threads 2 -> 3", "threads 3 -> 2"]
+    assert [c for c, _ in feed(kept, data_bound(1000))] == ["threads 2 -> 3"]
+    assert [(s.change, s.kept) for s in kept.steps] == [("threads 2 -> 3", True)] and kept.threads == 3
     noisy = Policy(2, 4, max_threads=8, cpu_budget=2)
-    for rate in (1000, 1000, 900, 1100):  # +10% in one window after, -10% in the other: noise, not a gain
+    feed(noisy, data_bound(1000))
+    for rate in (900, 1100, 900, 1100, 1100):  # a median +10%, but -10% in two windows of five: noise, not a gain
         noisy.step(data_bound(rate))
     assert noisy.threads == 2 and [(s.change, s.kept) for s in noisy.steps] == [("threads 2 -> 3", False)]
     within = Policy(1, 4, max_threads=8, cpu_budget=2)
-    for rate in (1000, 1000, 900, 1100):  # within the cores the best window after still decides
+    feed(within, data_bound(1000))
+    for rate in (900, 1100, 900, 1100, 1100):  # within the cores the median decides (once re-measured)
         within.step(data_bound(rate))
-    assert [(s.change, s.kept) for s in within.steps] == [("threads 1 -> 2", True)]
+    feed(within, data_bound(1000))
+    assert [(s.change, s.kept) for s in within.steps] == [("threads 1 -> 2", True)] and within.threads == 2
 
 
 def test_a_deeper_prefetch_that_only_nudges_a_small_wait_is_undone():
     policy = Policy(2, 8, max_threads=8)
-    policy.step(data_bound(1000, busy=0.5, wait=0.06))
-    policy.step(data_bound(1000, busy=0.5, wait=0.06))
+    feed(policy, data_bound(1000, busy=0.5, wait=0.06))
     assert policy.depth == 12
-    policy.step(data_bound(1010, busy=0.5, wait=0.01))  # 6% -> 1%: noise as much as an effect, and +1%
-    policy.step(data_bound(1010, busy=0.5, wait=0.01))
+    feed(policy, data_bound(1010, busy=0.5, wait=0.01))  # 6% -> 1%: noise as much as an effect, and +1%
     assert policy.depth == 8 and policy.depth_ceiling == 8
+
+
+def test_the_report_reads_the_thread_moves_among_notes_and_rechecks(ds):
+    from chute.observe.autotune import Decision
+
+    with chute.Loader(ds, 64) as loader:
+        for _ in loader:
+            pass
+        tuner = loader._meter.tuner
+        tuner.decisions.clear()
+        tuner.decisions.extend([
+            Decision(0.0, "threads 1 -> 2", "the loop waited"),
+            Decision(0.1, "threads 2 -> 1", "threads 1 -> 2 measured 1,000 -> 1,100 samples/s (+10%): re-measuring"),
+            Decision(0.2, "threads stay at 1", "thread 2 did not help: 1,100 -> 1,100 samples/s"),
+            Decision(0.3, "prefetch stays at 16", "prefetch 24 did not help"),
+        ])
+        text = str(loader.report(since="start"))
+    assert "threads stay at 1: thread 2 did not help" in text and "prefetch stays at 16: prefetch 24 did not help" in text
