@@ -450,7 +450,9 @@ def test_gil_bound_work_keeps_only_threads_that_measurably_helped(ds):
     # reached are exactly the ones kept that way. (How many that is depends on what was measured: on
     # a machine whose other load drops mid-run a fourth thread once measured +10% and was kept; the
     # rule is what this test holds, the count is the benchmarks' to show: benchmarks/autotune.py.)
-    assert all(s.kept == (s.after_wait < 0.05 or s.gain >= 1.05) for s in steps)
+    # (kept only for a measured help; a help can still be undone: a thread beyond the cores must show it in
+    # 4 of 5 windows, and the end of a wait counts only if the wait was 10% before)
+    assert all(s.gain >= 1.05 or (s.after_wait < 0.05 <= s.before_wait / 2 and s.gain >= 1.0) for s in steps if s.kept)
     assert policy.threads == 1 + len([s for s in steps if s.kind == "threads" and s.kept])
 
 
