@@ -400,7 +400,8 @@ class Policy:
             self._trial = dataclasses.replace(trial, after=tuple(after), after_wait=after_wait)
             return self._go(
                 trial.threads, trial.depth,
-                f"{trial.change} measured {before:,.0f} -> {after_rate:,.0f} samples/s ({after_rate / before - 1:+.0%}): "
+                f"{trial.change} measured {before:,.0f} -> {after_rate:,.0f} samples/s"
+                + (f" ({after_rate / before - 1:+.0%})" if before > 0 else "") + ": "
                 "re-measuring the settings before, as the machine's speed may have changed instead",
             )
         self._trial = None
