@@ -516,7 +516,8 @@ def test_a_deeper_prefetch_that_only_nudges_a_small_wait_is_undone():
     assert policy.depth == 8 and policy.depth_ceiling == 8
 
 
-def test_the_report_reads_the_thread_moves_among_notes_and_rechecks(ds):
+def test_the_report_lists_the_rechecks_and_notes_beside_thread_moves(ds):
+    # the report parses the decisions that moved threads out of all of them: notes and re-measures must not break it
     from chute.observe.autotune import Decision
 
     with chute.Loader(ds, 64) as loader:
