@@ -590,8 +590,11 @@ class Autotuner:
             self.next_ns = now_ns + self.window_ns // 4
             return
         policy = self.policy
-        if batches_left <= 2 * policy.depth + policy.threads:
-            self.next_ns = 1 << 62  # the tail of the pass: workers run out of work, nothing to learn
+        if batches_left <= 2 * policy.threads:
+            # The tail of the pass: every batch left is built or being built, the workers run out of work and
+            # the loop's wait says nothing of the settings. Until then (a starved loop leaves nothing ready) the
+            # threads have queued batches to take: an epoch of 30 batches at prefetch 16 still gives windows.
+            self.next_ns = 1 << 62
             return
         snap, cpu = counters.snapshot(), _cpu_clocks()
         delta = snap - self._last

@@ -363,6 +363,37 @@ class GilFree:
         return sample
 
 
+def test_short_epochs_are_measured_up_to_their_tail(tmp_path, monkeypatch):
+    # Epochs of 30 batches, fewer than twice the prefetch: the tuner still closes windows within each (all
+    # but the pass's first, start-up's, give a rate), and none in the last 2 * threads batches of a pass.
+    path = chute.write(({"x": np.full(4, i, np.float32), "id": i} for i in range(30 * BATCH)), tmp_path / "short")
+    seen: list[int] = []
+    real = Policy.step
+
+    def step(policy, window):
+        seen.append(window.batches)
+        return real(policy, window)
+
+    monkeypatch.setattr(Policy, "step", step)
+    left: list[int] = []
+    real_tick = chute.observe.autotune.Autotuner.tick
+
+    def tick(self, now_ns, batches_left, executor, meter):
+        before = len(seen)
+        real_tick(self, now_ns, batches_left, executor, meter)
+        if len(seen) > before:
+            left.append(batches_left - 2 * self.policy.threads)
+
+    monkeypatch.setattr(chute.observe.autotune.Autotuner, "tick", tick)
+    loader = chute.Loader(path, BATCH, transform=decode, workers=chute.Workers(prefetch=16))
+    for _ in range(3):
+        for _ in loader:
+            pass
+    assert len(seen) >= 3 and all(b >= 8 for b in seen)  # a window is at least window_batches batches
+    assert min(left) > 0  # never in the tail
+    loader.close()
+
+
 def test_work_without_the_gil_starts_at_one_thread_per_cpu(ds, tmp_path):
     assert chute.images.DecodeCrop("jpeg", 224, random=True).gil_free  # the decoders say so
     strings = chute.write(({"x": np.full(4, i, np.float32), "id": i, "name": str(i)} for i in range(200)), tmp_path / "s")
