@@ -50,8 +50,9 @@ The rules (thresholds are the constants below):
   full (the **probe**): workers that stall on memory, a page fault or the
   GIL leave their cores idle part of the time, which the CPU counters do not
   show as room (W4's JPEG decode on 2 cores: 3 threads were 3-8% faster than
-  2); judged as every thread beyond the budget is, it stays only for a gain
-  in 4 of 5 windows that survives the recheck. ``max_threads`` is a hard cap
+  2). It waits for ``PROBE_AFTER`` windows at the current settings and, judged
+  as every thread beyond the budget is, stays only for a gain in 4 of 5
+  windows that survives the recheck. ``max_threads`` is a hard cap
   on the count (``chute.Workers(max_count=)``). The **memory budget** allows at
   most ``max_bytes // batch bytes`` batches in flight, and a thread needs a
   batch in flight to work on.
@@ -96,6 +97,10 @@ STARVED = 0.9
 #: Windows at the same settings (the first one of a pass not counted) before a trial starts, and after
 #: it before it is judged: the medians of these are compared.
 JUDGE = 5
+#: Windows measured at the current settings before the probe (a thread beyond a full CPU budget, tried
+#: once): a process's first windows are slow (pages touched the first time, allocations growing), and a
+#: baseline taken from them made a third thread on 2 cores look like +144% (benchmarks/autotune.py, W3).
+PROBE_AFTER = 2 * JUDGE
 #: Share of a core the CPU in use may exceed the budget by when one more thread is tried, and
 #: the idle share of the budget that is enough to try one more thread anyway.
 CPU_SLACK = 0.25
@@ -338,6 +343,8 @@ class Policy:
                     elif not settled or base is None:
                         return changes  # more windows at these settings first
                     if probe:  # once per loader: a worker that stalls (memory, the GIL, a page fault) leaves its core idle
+                        if sum(s.rate == s.rate for s in self._steady) < PROBE_AFTER:
+                            return changes  # the process's first windows are slow (first touches): not a baseline
                         self._probed = True
                     change = self._set_threads(
                         self.threads + 1,
