@@ -598,9 +598,9 @@ class Autotuner:
             return
         policy = self.policy
         if batches_left <= 2 * policy.threads:
-            # The tail of the pass: every batch left is built or being built, the workers run out of work and
-            # the loop's wait says nothing of the settings. Until then (a starved loop leaves nothing ready) the
-            # threads have queued batches to take: an epoch of 30 batches at prefetch 16 still gives windows.
+            # The tail of the pass: the workers run out of batches to start, and the loop's wait says nothing
+            # of the settings. Before it, a loop that waits leaves nothing ready, so every batch left but the
+            # `threads` being built is queued work: an epoch of 30 batches at prefetch 16 still gives windows.
             self.next_ns = 1 << 62
             return
         snap, cpu = counters.snapshot(), _cpu_clocks()
