@@ -16,6 +16,9 @@ the ratio to the case's reference (both measured in the same repeat).
   strings       a large_string column of 5-digit strings, batch 256: take_objects vs
                 pyarrow take().to_pylist()
   feistel       chute.order.permutation (native) vs the numpy implementation
+  planes        a 224 x 224 crop of an RGB image laid out as planes (chute.images' last step per image):
+                _native.planes vs numpy's copy of the transposed view, plain and mirrored, and a memcpy
+                of the same bytes
 
     python benchmarks/native.py                   # everything, 7 repeats
     python benchmarks/native.py --only w1 --repeats 5
@@ -217,16 +220,36 @@ def feistel(repeats: int) -> None:
         )
 
 
+def planes(repeats: int, rng: np.random.Generator) -> None:
+    # an image as a decoder gives it (uint8 [256, 256, 3]) and a 224 x 224 crop laid out as planes (uint8 [3, 224, 224])
+    images = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(8)]
+    out = np.empty((3, 224, 224), np.uint8)
+    flat = np.empty(out.size, np.uint8)
+    x0, y0 = 17, 9
+    crops = [image[y0:y0 + 224, x0:x0 + 224].transpose(2, 0, 1) for image in images]
+    run_case(
+        "planes: a 224 x 224 crop of an RGB image (HWC) laid out as planes (CHW), 1 thread",
+        {
+            "numpy np.copyto(out, crop.transpose(2, 0, 1))": lambda b: np.copyto(out, crops[b % 8]),
+            "numpy, mirrored (crop[:, :, ::-1])": lambda b: np.copyto(out, crops[b % 8][:, :, ::-1]),
+            "_native.planes": lambda b: _native.planes(images[b % 8], 256, 256, x0, y0, out, 224, 224, False),
+            "_native.planes, mirrored": lambda b: _native.planes(images[b % 8], 256, 256, x0, y0, out, 224, 224, True),
+            "memcpy of the same bytes (np.copyto, contiguous: the limit)": lambda b: np.copyto(out.reshape(-1), flat),
+        },
+        2000, 1, out.nbytes, repeats, key="planes",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["w2", "w3", "w1", "feistel"], action="append")
+    parser.add_argument("--only", choices=["w2", "w3", "w1", "feistel", "planes"], action="append")
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats per case (median reported)")
     parser.add_argument("--w3-rows", type=int, default=512, help="1 MiB rows held in RAM for W3")
     args = parser.parse_args()
     if args.repeats < 5:
         parser.error("--repeats must be at least 5 (medians of at least 5 runs)")
     rng = np.random.default_rng(0)
-    only = set(args.only or ["w2", "w3", "w1", "feistel"])
+    only = set(args.only or ["w2", "w3", "w1", "feistel", "planes"])
     print(f"chute._native micro-benchmark: medians of {args.repeats} repeats")
     if "w2" in only:
         w2(args.repeats, rng)
@@ -236,6 +259,8 @@ def main() -> None:
         w1(args.repeats, rng)
     if "feistel" in only:
         feistel(args.repeats)
+    if "planes" in only:
+        planes(args.repeats, rng)
     save("native", TABLES)
 
 

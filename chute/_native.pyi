@@ -85,6 +85,13 @@ def dicts_from_values(entry_offsets: Buffer, key_offsets: Buffer, key_data: Buff
 def feistel(n: int, half: int, round_keys: Sequence[int], out: Buffer) -> None:
     """Fill the int64 buffer ``out`` (n items) with ``chute.order``'s Feistel permutation of ``range(n)``."""
 
+def planes(
+    image: Buffer, height: int, width: int, x0: int, y0: int, out: Buffer, out_height: int, out_width: int, flip: bool = False
+) -> None:
+    """The ``out_height`` x ``out_width`` crop at ``(x0, y0)`` of an RGB image (uint8 ``[height, width, 3]``,
+    C-contiguous) written into ``out`` as planes (uint8 ``[3, out_height, out_width]``), mirrored left-right
+    with ``flip``. SSSE3 shuffles where the CPU has them (x86-64), a byte loop elsewhere."""
+
 def tokens_window(
     indices: Buffer, seq_len: int, starts: Buffer, sources: Sequence[tuple[Buffer, int] | None], itemsize: int,
     input_ids: Buffer, labels: Buffer,

@@ -38,6 +38,10 @@ static PyMethodDef methods[] = {
     CH_METHOD(feistel,
               "feistel(n, half, round_keys, out) -> None\n\n"
               "Fill the int64 buffer out with chute.order's keyed Feistel permutation of range(n)."),
+    CH_METHOD(planes,
+              "planes(image, height, width, x0, y0, out, out_height, out_width, flip=False) -> None\n\n"
+              "Write the out_height x out_width crop at (x0, y0) of an RGB image (uint8 [height, width, 3],\n"
+              "C-contiguous) into out as planes (uint8 [3, out_height, out_width]), mirrored left-right with flip."),
     CH_METHOD(tokens_window,
               "tokens_window(indices, seq_len, starts, sources, itemsize, input_ids, labels) -> None\n\n"
               "pack='concat' windows: window w is stream[w*L : w*L + L + 1] of the shards' tokens (uint16 or\n"
@@ -110,7 +114,8 @@ static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "chute._native",
     .m_doc = "chute's native kernels: batch gathers from memory-mapped shards, bulk decoding of\n"
-             "variable-length columns into Python objects, and the order's Feistel permutation.",
+             "variable-length columns into Python objects, the order's Feistel permutation, and images' RGB\n"
+             "interleaved-to-planes copy.",
     .m_size = sizeof(NativeState),
     .m_methods = methods,
     .m_slots = slots,

@@ -61,6 +61,19 @@ def test_the_issues_call_delivers_random_224_crops_of_pillows_pixels(w4):
     assert len(windows) > 50  # positions vary (33 x 33 possible)
 
 
+def test_mirrored_random_crops_are_exact_mirrored_windows(w4):
+    # the crop is laid out as planes and mirrored in one native pass: exactly Pillow's pixels, mirrored
+    loader = chute.Loader(w4, 64, shuffle=True, transform=chute.images.DecodeCrop("jpg", size=224, random=True, flip=True))
+    mirrored = 0
+    for batch in loader:
+        for crop, label in zip(batch["jpg"].numpy(), batch["label"].tolist()):
+            image = decode_pillow(w4[label]["jpg"])
+            if window_of(crop, image) is None:
+                assert window_of(crop[:, :, ::-1], image) is not None, f"sample {label}: neither a window nor a mirrored one"
+                mirrored += 1
+    assert 30 < mirrored < 100  # of 130
+
+
 def context(rows, seed=0, epoch=0):
     return BatchContext(np.asarray(rows, dtype=np.int64), epoch, seed, None)
 
