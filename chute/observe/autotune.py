@@ -23,8 +23,10 @@ The rules (thresholds are the constants below):
   is undone and the setting it came from becomes a ceiling for the rest of the
   loader's life (the wait ending is enough to keep a change only if it was at
   least twice ``WAIT`` before and the rate did not fall, and never for a
-  thread beyond the CPU budget: that one stays only for a gain measured in all
-  but one of the ``JUDGE`` windows after it). A gain below ``RECHECK`` (and
+  thread beyond the CPU budget, one past its count of cores whose worker's CPU
+  share did not fit it when it was tried: that one stays only for a gain
+  measured in all but one of the ``JUDGE`` windows after it; threads that wait
+  on I/O use a few percent of a core each and are not beyond it, however many). A gain below ``RECHECK`` (and
   any for a thread beyond the CPU budget) is checked before it is kept: the
   policy goes back to the settings before, measures them again, and the
   change must beat both rates measured without it (a shared machine's speed
@@ -250,6 +252,7 @@ class _Trial:
     to_depth: int
     after: tuple[float, ...] = ()
     after_wait: float = 0.0
+    beyond: bool = False  # a thread whose CPU share did not fit the budget when it was tried
 
 
 class Policy:
@@ -346,6 +349,7 @@ class Policy:
                         if sum(s.rate == s.rate for s in self._steady) < PROBE_AFTER:
                             return changes  # the process's first windows are slow (first touches): not a baseline
                         self._probed = True
+                    beyond = self._beyond(window, measured)  # before the count changes
                     change = self._set_threads(
                         self.threads + 1,
                         f"the loop waited {wait:.0%} of its time and the {self.threads} worker thread(s) were {busy:.0%} busy"
@@ -359,6 +363,7 @@ class Policy:
                         changes.append(self._set_depth(want, "2 batches in flight per thread"))
                     self._trial = _Trial(
                         "threads", self.threads - 1, old_depth, base[0], base[1], change[0], self.threads, self.depth,
+                        beyond=beyond,
                     )
                 else:
                     changes.extend(self._note_cap(wait, busy, limit, cpu))
@@ -410,7 +415,7 @@ class Policy:
             after, after_wait = list(trial.after), trial.after_wait
             before, before_wait = max((trial.rate, trial.wait), now)
         after_rate = _median(after)
-        beyond = trial.kind == "threads" and trial.to_threads > self.cpu_budget
+        beyond = trial.beyond
         gained = sum(r >= before * GAIN for r in after)
         kept = _kept(before, before_wait, after_rate, after_wait, beyond, gained)
         if kept and not trial.after and (beyond or after_rate < before * RECHECK):
@@ -466,8 +471,8 @@ class Policy:
         """Threads the budgets allow by count: ``max_threads``, and one batch in flight per thread."""
         return max(1, min(self.max_threads, self.depth_limit()))
 
-    def _cpu_full(self, window: Window, measured: list[_Seen]) -> str | None:
-        """Why one more thread would not fit the CPU budget, or None if it fits (or CPU was not measured).
+    def _cores(self, window: Window, measured: list[_Seen]) -> tuple[float, float] | None:
+        """``(cores in use, one worker thread's share)``, or None if CPU was not measured.
 
         The cores in use are the median over ``measured`` (the windows at these settings), or the window's
         alone before there are any: one window's CPU varies as much as its rate.
@@ -478,9 +483,27 @@ class Policy:
             cores, workers = _median([c for c, _ in pairs]), _median([w for _, w in pairs])
         if cores is None or workers is None:
             return None
-        per_thread = workers / self.threads
-        if cores + per_thread <= self.cpu_budget + CPU_SLACK:
+        return cores, workers / self.threads
+
+    def _fits(self, window: Window, measured: list[_Seen]) -> bool:
+        """Whether one more worker's CPU share fits the budget (True when CPU was not measured)."""
+        used = self._cores(window, measured)
+        return used is None or used[0] + used[1] <= self.cpu_budget + CPU_SLACK
+
+    def _beyond(self, window: Window, measured: list[_Seen]) -> bool:
+        """Whether the thread about to be tried (the current count + 1) is beyond the CPU budget: more
+        threads than the budget's cores, and its worker's CPU share does not fit (threads that wait on I/O
+        use a few percent of a core each and fit, however many) or no CPU was measured."""
+        if self.threads + 1 <= self.cpu_budget:
+            return False
+        return self._cores(window, measured) is None or not self._fits(window, measured)
+
+    def _cpu_full(self, window: Window, measured: list[_Seen]) -> str | None:
+        """Why one more thread would not fit the CPU budget, or None if it fits (or CPU was not measured)."""
+        used = self._cores(window, measured)
+        if used is None or self._fits(window, measured):
             return None  # one more worker's share fits
+        cores, per_thread = used
         if cores <= self.cpu_budget - CPU_SLACK:
             return None  # it does not, but idle CPU is there to take: the trial measures what it gives
         return (

@@ -564,6 +564,25 @@ def test_a_thread_beyond_the_cores_stays_only_for_a_measured_gain():
     assert [(s.change, s.kept) for s in within.steps] == [("threads 1 -> 2", True)] and within.threads == 2
 
 
+def test_threads_that_wait_on_io_are_not_beyond_the_cpu_budget_however_many():
+    # I/O-bound workers (0.04 of a core each) past the CPU count: each thread adds its share of samples/s,
+    # and a gain over RECHECK is kept at once, as for threads within the cores (no re-measure, no 4-of-5 rule)
+    policy = Policy(1, 16, max_threads=16, cpu_budget=2)
+    changes = []
+    for _ in range(30):
+        changes += policy.step(dataclasses.replace(
+            data_bound(500.0 * policy.threads, wait=0.8), cpu_s=0.04 * policy.threads + 0.02, loop_cpu_s=0.02))
+    assert [c for c, _ in changes][:4] == ["threads 1 -> 2", "threads 2 -> 3", "threads 3 -> 4", "threads 4 -> 5"]
+    assert all(s.kept for s in policy.steps) and policy.threads >= 5
+    # the same gains from threads that each need a core: past 2, only the probe, judged beyond the budget
+    busy = Policy(2, 16, max_threads=16, cpu_budget=2)
+    changes = []
+    for _ in range(PROBE_AFTER + JUDGE):
+        changes += busy.step(dataclasses.replace(data_bound(500.0 * busy.threads, wait=0.8), cpu_s=1.9, loop_cpu_s=0.02))
+    assert [c for c, _ in changes] == ["threads 2 -> 3", "threads 3 -> 2"]
+    assert "re-measuring" in changes[1][1]  # +50%, yet re-measured: beyond the budget
+
+
 def test_a_deeper_prefetch_that_only_nudges_a_small_wait_is_undone():
     policy = Policy(2, 8, max_threads=8)
     feed(policy, data_bound(1000, busy=0.5, wait=0.06))
