@@ -54,7 +54,10 @@ The rules (thresholds are the constants below):
   show as room (W4's JPEG decode on 2 cores: 3 threads were 3-8% faster than
   2). It waits for ``PROBE_AFTER`` windows at the current settings and, judged
   as every thread beyond the budget is, stays only for a gain in 4 of 5
-  windows that survives the recheck. ``max_threads`` is a hard cap
+  windows that survives the recheck. ``probe=False`` leaves it out: the
+  Loader does for a batch that is one native gather and nothing else (a copy
+  bound by memory bandwidth, whose threads stall on nothing a third thread
+  could fill; W2's probes were undone, or kept by noise in 1 run of 5). ``max_threads`` is a hard cap
   on the count (``chute.Workers(max_count=)``). The **memory budget** allows at
   most ``max_bytes // batch bytes`` batches in flight, and a thread needs a
   batch in flight to work on.
@@ -262,13 +265,14 @@ class Policy:
     :meth:`step`). ``max_threads`` caps the thread count, ``cpu_budget`` is
     the cores the process may use (default ``max_threads``), ``max_bytes`` the
     memory budget for batches in flight; ``tune_threads``/``tune_depth`` say
-    which of the two settings the policy may change. ``steps`` holds the
+    which of the two settings the policy may change, ``probe`` whether one
+    thread beyond a full CPU budget is measured once. ``steps`` holds the
     judged trials, latest last.
     """
 
     def __init__(
         self, threads: int, depth: int, *, max_threads: int, cpu_budget: float | None = None,
-        max_bytes: int = DEFAULT_MAX_BYTES, tune_threads: bool = True, tune_depth: bool = True,
+        max_bytes: int = DEFAULT_MAX_BYTES, tune_threads: bool = True, tune_depth: bool = True, probe: bool = True,
     ) -> None:
         if threads < 1 or depth < 1 or max_threads < 1:
             raise ValueError(f"threads, depth and max_threads must be at least 1, got {threads}, {depth}, {max_threads}")
@@ -289,7 +293,8 @@ class Policy:
         self._first_of_pass = False
         self._calm = 0
         self._said: set[str] = set()  # one-time notes already made
-        self._probed = False  # the one thread trial beyond a full CPU budget was made
+        self.probe = probe  # whether one thread beyond a full CPU budget is measured once (see the module docstring)
+        self._probed = not probe  # that trial was made (or is not to be)
 
     def depth_limit(self) -> int:
         """The most batches the memory budget allows in flight (at least 1)."""

@@ -159,7 +159,7 @@ class Loader:
             policy = Policy(
                 self.num_threads, self.prefetch, max_threads=self.max_threads, cpu_budget=self.cpu_budget,
                 max_bytes=self.max_prefetch_bytes,
-                tune_threads=w.count is None, tune_depth=w.prefetch is None,
+                tune_threads=w.count is None, tune_depth=w.prefetch is None, probe=not self._gather_only(),
             )
             tuner = Autotuner(policy, self.counters)
         self._meter = None if self.counters is None else LoaderMeter(self.counters, tuner, getattr(self.dataset, "cache", None))
@@ -168,12 +168,15 @@ class Loader:
         self._waits = WaitHistory()  # the loop's recent waits, for the adaptive stall timeout
 
     def _gil_free(self) -> bool:
-        """Whether a batch's work runs without the GIL: a transform that says so, or no Python function
-        at all over a dataset whose columns are all fixed-size (gathered by one native call per batch)."""
-        if self.fns.gil_free:
-            return True
+        """Whether a batch's work runs without the GIL: a transform that says so, or a batch that is one
+        native gather (:meth:`_gather_only`)."""
+        return self.fns.gil_free or self._gather_only()
+
+    def _gather_only(self) -> bool:
+        """No Python function at all over a dataset whose columns are all fixed-size: a batch is one native
+        gather, a copy bound by memory bandwidth (the autotuner does not probe a thread beyond the cores)."""
         variable = getattr(self.dataset, "variable_columns", None)
-        return self.fns.identity and variable is not None and not variable
+        return bool(self.fns.identity and variable is not None and not variable)
 
     def _first_depth(self) -> int:
         """Batches in flight to start with: 16, or fewer when 16 batches would not fit the memory budget.

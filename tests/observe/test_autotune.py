@@ -365,6 +365,18 @@ class GilFree:
         return sample
 
 
+def test_a_batch_that_is_one_native_gather_gets_no_probe(ds):
+    # a copy bound by memory bandwidth: no thread beyond a full CPU budget is measured; a decoder's is
+    loaders = {name: chute.Loader(ds, BATCH, **kwargs) for name, kwargs in {"gather": {}, "gil_free": {"transform": GilFree()}}.items()}
+    assert {name: ld._meter.tuner.policy.probe for name, ld in loaders.items()} == {"gather": False, "gil_free": True}
+    for ld in loaders.values():
+        ld.close()
+    policy = Policy(2, 16, max_threads=16, cpu_budget=2, probe=False)
+    full = dataclasses.replace(data_bound(1000), cpu_s=1.95, loop_cpu_s=0.02)
+    changes = feed(policy, full, 2 * PROBE_AFTER)
+    assert [c for c, _ in changes] == ["threads stay at 2"] and "the CPU budget is used" in changes[0][1]
+
+
 def test_short_epochs_are_measured_up_to_their_tail(tmp_path, monkeypatch):
     # Epochs of 30 batches, fewer than twice the prefetch: the tuner still closes windows within each (all
     # but the pass's first, start-up's, give a rate), and none in the last 2 * threads batches of a pass.
