@@ -55,9 +55,10 @@ The rules (thresholds are the constants below):
   2). It waits for ``PROBE_AFTER`` windows at the current settings and, judged
   as every thread beyond the budget is, stays only for a gain in 4 of 5
   windows that survives the recheck. ``probe=False`` leaves it out: the
-  Loader does for a batch that is one native gather and nothing else (a copy
+  Loader passes it when a batch is one native gather and nothing else (a copy
   bound by memory bandwidth, whose threads stall on nothing a third thread
-  could fill; W2's probes were undone, or kept by noise in 1 run of 5). ``max_threads`` is a hard cap
+  could fill; W2's probes were undone, or kept by noise in 1 run of 5).
+  ``max_threads`` is a hard cap
   on the count (``chute.Workers(max_count=)``). The **memory budget** allows at
   most ``max_bytes // batch bytes`` batches in flight, and a thread needs a
   batch in flight to work on.
