@@ -520,7 +520,10 @@ def test_gil_bound_work_keeps_only_threads_that_measurably_helped(ds):
     # (kept only for a measured help; a help can still be undone: a thread beyond the cores must show it in
     # 4 of 5 windows, and the end of a wait counts only if the wait was 10% before)
     assert all(s.gain >= 1.05 or (s.after_wait < 0.05 <= s.before_wait / 2 and s.gain >= 1.0) for s in steps if s.kept)
-    assert policy.threads == 1 + len([s for s in steps if s.kind == "threads" and s.kept])
+    # (a thread trial the pass ended in the middle of is not judged yet: its thread is there, not in steps)
+    trial = policy._trial
+    pending = int(trial is not None and trial.kind == "threads" and policy.threads == trial.to_threads)
+    assert policy.threads == 1 + len([s for s in steps if s.kind == "threads" and s.kept]) + pending
 
 
 def test_memory_bound_gather_stays_within_the_memory_budget_and_the_cpu(tmp_path):
