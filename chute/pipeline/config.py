@@ -80,8 +80,8 @@ class Workers:
             at one, or at one per CPU for a transform whose work runs without the
             GIL (``chute.images``' decoders; docs/observe.md); processes default to
             the CPU count, at most 8.
-        prefetch: batches in flight ahead of the training loop. ``None``: 8 (fewer
-            if 8 batches would not fit ``max_prefetch_bytes``, at least 2 per
+        prefetch: batches in flight ahead of the training loop. ``None``: 16 (fewer
+            if 16 batches would not fit ``max_prefetch_bytes``, at least 2 per
             worker), then autotuned (threads) within ``max_prefetch_bytes``.
         max_count: the most threads the autotuner may run (default: 4 per CPU this process may run
             on, at least 16); its CPU budget is the CPU time the process really uses, against those CPUs.

@@ -191,11 +191,7 @@ class Loader:
         rows = max(1, len(self.dataset))
         batch_bytes = max(1.0, getattr(self.dataset, "nbytes", 0) / rows * self.batch_size)
         fits = int(self.max_prefetch_bytes // batch_bytes)
-        # worker processes (not autotuned, and not measured at 16) keep 8: with a cache at its stated minimum,
-        # batches handed to processes further ahead than the downloader's window read shards it does not hold
-        # (tests/storage/test_sharing.py, test_worker_processes_read_under_their_loaders_lease, hung at 16)
-        most = 8 if self.workers.kind == "processes" else 16
-        return max(2 * self.num_threads, min(most, fits), 1)
+        return max(2 * self.num_threads, min(16, fits), 1)
 
     def _setup_storage(self) -> None:
         """Progressive mode (a dataset opened with progressive=True), or a check that the cache is big enough."""

@@ -226,14 +226,25 @@ class _PassRun:
         self.channel = run.channel
         self.depth = pool.depth
         self.threads = pool.workers
-        self.queued: collections.deque[int] = collections.deque()  # submitted by the loop, not sent yet
+        self.gated: collections.deque[int] = collections.deque()  # submitted, waiting for their shards (see _gate)
+        self.queued: collections.deque[int] = collections.deque()  # ready to send, not sent yet
         self.sent: set[int] = set()  # sent to a worker, no reply filed yet
         self.stopped = False  # the receiver is to stop (closed or failed)
         self.closed = False
         self.failure: BaseException | None = None  # what ended the pass; every step owed or submitted later raises it
         self._lock = threading.Lock()  # submit vs fail: no step may fall between them
+        self._cond = threading.Condition(self._lock)  # the gate waits on it for steps
         self._wake_r, self._wake_w = os.pipe()
         self._counted: tuple[Any, Any] | None = None  # the read and transform cells of the counters
+        # A remote dataset's downloader holds the shards of the coming steps in this process; a step goes
+        # to a worker only once its shards are held (the worker reads them under this hold).
+        self.fetcher = run.fetcher
+        self._ended = threading.Event()  # set when the pass ends: the gate's wait for shards gives up
+        self.gate: threading.Thread | None = None
+        if self.fetcher is not None:
+            self._steps = (run.indices, run.dataset.shards_of)
+            self.gate = threading.Thread(target=self._gate, name=f"chute-procs-g{pool.rank}", daemon=True)
+            self.gate.start()
         self.thread = threading.Thread(target=self._pump, name=f"chute-procs-r{pool.rank}", daemon=True)
         self.thread.start()
 
@@ -244,7 +255,15 @@ class _PassRun:
             if self.failure is not None:
                 self.channel.put(step, Failure(self.failure))
                 return
+            if self.gate is not None:
+                self.gated.append(step)
+                self._cond.notify()
+                return
             self.queued.append(step)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the receiver thread (a step to send, or the pass ends)."""
         try:
             os.write(self._wake_w, b"!")
         except OSError:  # closed meanwhile
@@ -254,11 +273,16 @@ class _PassRun:
         """End the pass: queued tasks are not run, results not taken are dropped; ``broken``: stop the workers."""
         if self.closed:
             return []
-        self.closed = self.stopped = True
+        with self._lock:
+            self.closed = self.stopped = True
+        self._end_gate()
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"!")
-        self.thread.join(timeout)
-        stuck = [self.thread] if self.thread.is_alive() else []
+        deadline = time.monotonic() + timeout
+        ours = [self.thread] if self.gate is None else [self.thread, self.gate]
+        for thread in ours:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [thread for thread in ours if thread.is_alive()]
         pool = self.pool
         if broken:
             pool._break()
@@ -266,7 +290,7 @@ class _PassRun:
             pool._cancel(self)
         if pool._active is self:
             pool._active = None
-        if not stuck:
+        if self.thread not in stuck:
             for fd in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -309,11 +333,62 @@ class _PassRun:
         with self._lock:
             self.failure = exc
             self.stopped = True
-            owed = sorted(self.sent | set(self.queued))
+            owed = sorted(self.sent | set(self.queued) | set(self.gated))
             self.sent.clear()
             self.queued.clear()
+            self.gated.clear()
+        self._end_gate()
         for step in owed:
             self.channel.put(step, Failure(exc))
+
+    # ------------------------------------------------------------------ the gate thread
+
+    def _gate(self) -> None:
+        """Move submitted steps, in order, to the receiver once this process's downloader holds their shards.
+
+        A worker process reads a remote dataset's shards under this process's
+        holds and lease (chute/storage/share.py). Sent any earlier, a worker
+        reading a shard the downloader has not reached would download it
+        outside the lease and, in a cache filled to its limit by that lease,
+        wait for room that only the loop's progress frees, while the loop
+        waits for that batch. A step whose shards cannot be had (the download
+        failed) raises at that step in the loop, as a thread worker's would.
+        """
+        fetcher = self.fetcher
+        indices, shards_of = self._steps
+        while True:
+            with self._cond:
+                while not self.gated and not self.stopped:
+                    self._cond.wait()
+                if self.stopped:
+                    return
+                step = self.gated[0]
+            failure = None
+            try:
+                rows = indices.rows(step)
+                indices.ahead(step)
+                fetcher.wait(step, shards_of(rows), self._ended)
+            except BaseException as exc:  # noqa: BLE001 - raised in the training loop at this step
+                failure = exc
+            with self._lock:
+                if self.stopped:
+                    return
+                self.gated.popleft()
+                if failure is None:
+                    self.queued.append(step)
+            if failure is None:
+                self._wake()
+            else:
+                self.channel.put(step, Failure(failure))
+
+    def _end_gate(self) -> None:
+        """The pass ends: the gate stops waiting for shards and for steps."""
+        if self.gate is None:
+            return
+        self._ended.set()
+        with self._cond:
+            self._cond.notify_all()
+        self.fetcher.wake()
 
     def _send(self) -> None:
         """Send queued steps while a ring slot is free."""

@@ -73,6 +73,10 @@ class Builder:
         self.transform = None if fns.identity else Transform(fns, dataset, self.pool, order.seed)
         self._indices: collections.OrderedDict[tuple[int, int], BatchIndices] = collections.OrderedDict()
         self.progress = [-1]
+        # A remote dataset's shards are held by the main process's downloader while this batch is built
+        # (it sends a step only then, and lets them go only after the reply): held here past the batch,
+        # they would keep its downloader from evicting them for the shards of later steps.
+        self._let_go = dataset.release_direct_holds if getattr(dataset, "cache", None) is not None else None
 
     def indices(self, epoch: int, start: int, step: int) -> Any:
         key = (epoch, start)
@@ -87,13 +91,17 @@ class Builder:
         """``(batch, rows, skipped, times)``: times are ``(start, read, end)`` and the transform's parts."""
         began = time.perf_counter_ns()
         indices = self.indices(epoch, start, step)
-        batch = self.gather(indices, len(indices))
-        read = time.perf_counter_ns()
-        skipped: list[int] = []
-        parts: tuple[int, ...] = (0, 0, 0)
-        if self.transform is not None:
-            batch, skipped = self.transform(batch, indices, epoch, self.progress, 0)
-            parts = self.transform.times
+        try:
+            batch = self.gather(indices, len(indices))
+            read = time.perf_counter_ns()
+            skipped: list[int] = []
+            parts: tuple[int, ...] = (0, 0, 0)
+            if self.transform is not None:
+                batch, skipped = self.transform(batch, indices, epoch, self.progress, 0)
+                parts = self.transform.times
+        finally:
+            if self._let_go is not None:
+                self._let_go()
         return batch, len(indices) - len(skipped), skipped, (began, read, time.perf_counter_ns(), *parts)
 
 

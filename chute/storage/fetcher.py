@@ -170,7 +170,7 @@ class Fetcher:
         cache.on_no_room = self._no_room
         if cache.sharing is not None:
             job = hashlib.blake2b(repr((cache.dir, uses)).encode(), digest_size=8).hexdigest()  # the same for every rank
-            cache.sharing.attach(self, self.need, self.budget, on_demand=self.give_back, on_change=self._wake,
+            cache.sharing.attach(self, self.need, self.budget, on_demand=self.give_back, on_change=self.wake,
                                  soon=self._soon, job=job)
         self._threads = [threading.Thread(target=self._run, name=f"{name}-{k}", daemon=True) for k in range(max(1, threads))]
         for thread in self._threads:
@@ -282,8 +282,8 @@ class Fetcher:
             self._squeezed = True
         self.give_back()
 
-    def _wake(self) -> None:
-        """Room may have come free in this process's lease: look again."""
+    def wake(self) -> None:
+        """Look again: room may have come free in this process's lease, or a waiter's ``stop`` is set."""
         with self._cond:
             self._cond.notify_all()
 
@@ -321,8 +321,11 @@ class Fetcher:
 
     # ------------------------------------------------------------------ the batch tasks' side
 
-    def wait(self, step: int, shards: Iterable[int]) -> None:
-        """Block until ``shards`` (those batch ``step`` reads) are held; raise the download's error."""
+    def wait(self, step: int, shards: Iterable[int], stop: threading.Event | None = None) -> None:
+        """Block until ``shards`` (those batch ``step`` reads) are held; raise the download's error.
+
+        ``stop``: set (then :meth:`wake`) by a caller that no longer needs them: the wait
+        raises :class:`ChuteError` instead of going on."""
         start = time.perf_counter()
         with self._cond:
             self._reached = max(self._reached, step)  # from now on they are not given back
@@ -348,6 +351,8 @@ class Fetcher:
                 if not self._started.get(k):
                     with inflight.track("wait for download of", f"{self.cache.remote.url}/{self.cache.manifest.shards[shard].file}"):
                         while not self._started.get(k) and self._error is None and not self._closed:
+                            if stop is not None and stop.is_set():
+                                raise ChuteError("the loader's pass ended while a batch waited for its shards")
                             self._cond.wait()
                 if self._error is not None:
                     raise _again(self._error, self.cache.remote.url)

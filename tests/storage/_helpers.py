@@ -83,11 +83,12 @@ def loader(ds: chute.Dataset, batch_size: int = BATCH, **kwargs: Any) -> chute.L
     return chute.Loader(ds, batch_size, **kwargs)
 
 
-def stated_minimum(url: str, cache_dir: str) -> int:
-    """The cache_limit a default loader of the dataset at ``url`` says it needs (its CacheFullError's figure)."""
+def stated_minimum(url: str, cache_dir: str, **kwargs: Any) -> int:
+    """The cache_limit a loader of the dataset at ``url`` (default settings, or ``kwargs``) says it
+    needs (its CacheFullError's figure)."""
     small = chute.open(url, cache_dir=cache_dir, cache_limit=30_000)
     try:
-        loader(small)
+        loader(small, **kwargs)
     except chute.CacheFullError as exc:
         match = re.search(r"at least ([\d,]+) bytes", str(exc))
         assert match, exc

@@ -227,10 +227,14 @@ def test_a_forked_worker_does_not_take_over_its_parents_membership(http_server, 
     assert os.listdir(members) == []
 
 
-def test_worker_processes_read_under_their_loaders_lease(http_server, dataset, tmp_path):
+@pytest.mark.parametrize("prefetch", [None, 48])
+def test_worker_processes_read_under_their_loaders_lease(http_server, dataset, tmp_path, prefetch):
     """``workers="processes"`` at the stated minimum: the worker processes read the shards their
     loader's downloader holds, under its lease; a lease of their own would leave them waiting for
-    a turn their own loader holds."""
+    a turn their own loader holds. A batch goes to a worker only once the downloader holds its
+    shards, however many are in flight (``prefetch=48``: most of the epoch), and a worker keeps
+    no shard held between batches; else a worker reads a shard beyond the downloader's window,
+    waits for room the lease fills, and the pass stalls (it did, at 16 in flight)."""
     import shutil
 
     from tests.storage._helpers import epoch_columns
@@ -239,8 +243,28 @@ def test_worker_processes_read_under_their_loaders_lease(http_server, dataset, t
     url = http_server.url + "ds"
     limit = stated_minimum(url, str(tmp_path / "probe"))
     ds = chute.open(url, cache_dir=tmp_path / "cache", cache_limit=limit)
-    ld = loader(ds, seed=12, workers=chute.Workers("processes", count=3), watchdog=chute.Watchdog(120, on_stall="raise"))
+    workers = chute.Workers("processes", count=3, prefetch=prefetch)
+    ld = loader(ds, seed=12, workers=workers, watchdog=chute.Watchdog(120, on_stall="raise"))
     assert_same_epoch(epoch_columns(ld), local_epochs(dataset, 1, seed=12)[0])
+    assert ds.cache.stats()["high_water"] <= limit
+    assert part_files(str(tmp_path / "cache")) == []
+
+
+def test_worker_processes_keep_no_shard_held_between_batches(http_server, dataset, tmp_path):
+    """In order, at the stated minimum (the two shards a batch spans at a shard boundary): a
+    worker process that kept the shard of its last batch held after the downloader let it go
+    would leave no room for the next shard, and wait idle for a batch that needs that room."""
+    import shutil
+
+    from tests.storage._helpers import epoch_columns
+
+    shutil.copytree(dataset, http_server.root / "ds")
+    url = http_server.url + "ds"
+    limit = stated_minimum(url, str(tmp_path / "probe"), shuffle=False)
+    ds = chute.open(url, cache_dir=tmp_path / "cache", cache_limit=limit)
+    workers = chute.Workers("processes", count=2)
+    ld = loader(ds, shuffle=False, workers=workers, watchdog=chute.Watchdog(120, on_stall="raise"))
+    assert_same_epoch(epoch_columns(ld), local_epochs(dataset, 1, shuffle=False)[0])
     assert ds.cache.stats()["high_water"] <= limit
     assert part_files(str(tmp_path / "cache")) == []
 
