@@ -134,7 +134,12 @@ class LoaderProbe:
             for s in w.steps[1:]:
                 lines.append(f"  batch {s}: samples {_list(self._indices(s))}: queued for worker pid {w.pid}")
         if not any(step in w.steps for w in status):
-            lines.insert(0, f"  batch {step}: samples {_list(self._indices(step))}: not sent to a worker yet (no free ring slot)")
+            if step in pool.waiting_for_shards():
+                why = "waiting until the downloader holds its shards"
+                details.stuck = f"batch {step} waits for the downloader: its shards are not held yet"
+            else:
+                why = "no free ring slot"
+            lines.insert(0, f"  batch {step}: samples {_list(self._indices(step))}: not sent to a worker yet ({why})")
         lines.append(f"  queue: {sum(len(w.steps) for w in status)} batch(es) sent to workers, prefetch {self.loader.prefetch}")
         details.sections.insert(0, ("Batches in flight", lines))
         details.sections.append(("Worker processes (stacks dumped by faulthandler, most recent call first)", worker_lines))

@@ -24,6 +24,13 @@ sentinels and a wake-up pipe at once, so a worker that dies is reported (pid,
 exit code, step) instead of hanging, and the loop's ``submit`` and ``close``
 wake it.
 
+A remote dataset's shards are downloaded and held by this process. A gate
+thread per pass (``chute-procs-g<rank>``) passes a submitted step on to the
+receiver only once the downloader holds its shards; a worker reads them as a
+guest of that hold (no lock or lease of its own) and keeps them mapped across
+batches until this process lets go of one: then every worker is sent
+``("drop", shard)`` and unmaps it.
+
 Every task and reply carries its pass id: ending a pass early sends
 ``("cancel", pass)``, workers answer queued tasks of that pass with
 ``"cancelled"`` instead of running them, and replies of old passes only free
@@ -119,9 +126,11 @@ class _Running:
     Holds no reference to the pool, so the pool's finalizer can call ``shutdown``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cache: Any = None) -> None:
         self.workers: list[_Worker] = []
         self.ring: Ring | None = None
+        self.cache = cache  # a remote dataset's node cache: the workers read its shards as guests
+        self.sending = threading.Lock()  # one message at a time on the workers' pipes (tasks, drops, stops)
 
     @property
     def started(self) -> bool:
@@ -147,14 +156,35 @@ class _Running:
         except BaseException:
             self.shutdown()
             raise
+        if self.cache is not None:
+            self.cache.unpin_listeners.append(self.let_go)
+
+    def let_go(self, shard: int) -> None:
+        """This process let go of ``shard`` (its last hold): the workers unmap their guest mapping of it.
+
+        A worker reads a batch's shards as a guest of this process's holds
+        (``ShardCache.guest_reads``) and keeps them mapped across batches until
+        told: so consecutive batches of one shuffle window map nothing again,
+        and no worker keeps a mapping of a file the cache may evict. The message
+        reaches an idle worker at once, a busy one after its batch (whose shards
+        are held here until its reply).
+        """
+        with self.sending:
+            for w in self.workers:
+                with contextlib.suppress(OSError, ValueError):  # died, or shut down meanwhile
+                    w.conn.send(("drop", shard))
 
     def shutdown(self, grace: float = _STOP_GRACE) -> None:
         """Stop the workers (ask, then terminate, then kill), close their pipes, unlink the ring."""
-        workers, self.workers = self.workers, []
+        if self.cache is not None:
+            with contextlib.suppress(ValueError):
+                self.cache.unpin_listeners.remove(self.let_go)
+        with self.sending:
+            workers, self.workers = self.workers, []
+            for w in workers:
+                with contextlib.suppress(OSError):
+                    w.conn.send(None)
         ring, self.ring = self.ring, None
-        for w in workers:
-            with contextlib.suppress(OSError):
-                w.conn.send(None)
         deadline = time.monotonic() + grace
         live = [w for w in workers if w.process.exitcode is None]
         while live and (remaining := deadline - time.monotonic()) > 0:
@@ -404,7 +434,8 @@ class _PassRun:
             segment = ring.segments[slot]
             assert segment is not None, "take() made it"
             try:
-                worker.conn.send(("task", self.id, self.epoch, self.start, step, slot, segment.name, segment.size))
+                with pool._running.sending:
+                    worker.conn.send(("task", self.id, self.epoch, self.start, step, slot, segment.name, segment.size))
             except OSError:
                 ring.give_back(slot)
                 self.queued.appendleft(step)
@@ -491,7 +522,7 @@ class ProcessPool:
         fixed = sum(ctype.row_bytes for _, ctype in dataset.schema if isinstance(ctype, FIXED_SIZE))
         self._first_slot_bytes = slot_bytes(fixed * order.batch_size + ALIGN * len(dataset.schema.names))
         self._context = multiprocessing.get_context(start_method)
-        self._running = _Running()
+        self._running = _Running(getattr(dataset, "cache", None))
         self._finalizer = weakref.finalize(self, self._running.shutdown)
         self._pass_ids = itertools.count(1)
         self._active: _PassRun | None = None
@@ -514,6 +545,11 @@ class ProcessPool:
                 code = w.process.exitcode
                 out.append(WorkerStatus(w.pid, code is None, code, [task[2] for task in list(w.tasks)], w.ready))
         return out
+
+    def waiting_for_shards(self) -> list[int]:
+        """Steps of the pass in progress that wait until the downloader holds their shards (the gate)."""
+        active = self._active
+        return [] if active is None else list(active.gated)
 
     def dump_stacks(self, timeout: float = 2.0, quiet: float = 0.2) -> dict[int, str]:
         """The Python stacks of every live worker, as ``faulthandler`` prints them, by pid.
@@ -638,5 +674,5 @@ class ProcessPool:
         """Tell the workers to skip what they still have of ``current``; its replies will only free slots."""
         for w in self._running.workers:
             if any(task[0] == current.id for task in w.tasks):
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError), self._running.sending:
                     w.conn.send(("cancel", current.id))

@@ -5,7 +5,9 @@ receives the dataset (which maps its shards again here), the order and the
 user's functions once, then tasks ``(pass, epoch, start, step, slot, segment)``
 through its pipe. For each it builds the batch with the same stages as a
 thread worker (indices, gather, transform, collate), writes its tensors into
-the ring slot and sends the rest back (``chute.pipeline.wire``).
+the ring slot and sends the rest back (``chute.pipeline.wire``). A remote
+dataset's shards are read as guests of the main process's holds, and stay
+mapped until a ``("drop", shard)`` message says the main process let go.
 
 It ignores SIGINT (the main process decides), exits when the main process
 disappears (its pipe reaches EOF), and leaves with ``os._exit`` (the
@@ -18,6 +20,7 @@ worker's stack pipe, for the hang watchdog in the main process.
 from __future__ import annotations
 
 import collections
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -73,10 +76,12 @@ class Builder:
         self.transform = None if fns.identity else Transform(fns, dataset, self.pool, order.seed)
         self._indices: collections.OrderedDict[tuple[int, int], BatchIndices] = collections.OrderedDict()
         self.progress = [-1]
-        # A remote dataset's shards are held by the main process's downloader while this batch is built
-        # (it sends a step only then, and lets them go only after the reply): held here past the batch,
-        # they would keep its downloader from evicting them for the shards of later steps.
-        self._let_go = dataset.release_direct_holds if getattr(dataset, "cache", None) is not None else None
+        # A remote dataset's shards: the main process's downloader holds a batch's shards from before it
+        # sends the step until after the reply, so they are read here as guests (no hold of this process),
+        # and stay mapped until the main process says it let them go (a "drop" message: see serve).
+        # Anything a transform reads itself is held as a direct read, and let go after the batch: held
+        # here past it, a shard would keep the downloader from evicting it for the shards of later steps.
+        self.cache = getattr(dataset, "cache", None)
 
     def indices(self, epoch: int, start: int, step: int) -> Any:
         key = (epoch, start)
@@ -87,21 +92,28 @@ class Builder:
                 self._indices.popitem(last=False)
         return indices.rows(step)
 
+    def let_go(self, shard: int) -> None:
+        """The main process let go of ``shard``: unmap it here (see chute/pipeline/processes.py, let_go)."""
+        if self.cache is not None:
+            self.cache.let_go(shard)
+
     def __call__(self, epoch: int, start: int, step: int) -> tuple[Any, int, list[int], tuple[int, ...]]:
         """``(batch, rows, skipped, times)``: times are ``(start, read, end)`` and the transform's parts."""
         began = time.perf_counter_ns()
         indices = self.indices(epoch, start, step)
+        cache = self.cache
         try:
-            batch = self.gather(indices, len(indices))
-            read = time.perf_counter_ns()
-            skipped: list[int] = []
-            parts: tuple[int, ...] = (0, 0, 0)
-            if self.transform is not None:
-                batch, skipped = self.transform(batch, indices, epoch, self.progress, 0)
-                parts = self.transform.times
+            with contextlib.nullcontext() if cache is None else cache.guest_reads(self.dataset.shards_of(indices)):
+                batch = self.gather(indices, len(indices))
+                read = time.perf_counter_ns()
+                skipped: list[int] = []
+                parts: tuple[int, ...] = (0, 0, 0)
+                if self.transform is not None:
+                    batch, skipped = self.transform(batch, indices, epoch, self.progress, 0)
+                    parts = self.transform.times
         finally:
-            if self._let_go is not None:
-                self._let_go()
+            if cache is not None:
+                self.dataset.release_direct_holds()
         return batch, len(indices) - len(skipped), skipped, (began, read, time.perf_counter_ns(), *parts)
 
 
@@ -118,6 +130,8 @@ def serve(conn: connection.Connection, builder: Builder) -> None:
                     return
                 if message[0] == "cancel":
                     cancelled = max(cancelled, message[1])
+                elif message[0] == "drop":  # the main process let go of a shard read here as a guest
+                    builder.let_go(message[1])
                 else:
                     inbox.append(message)
             _, pass_id, epoch, start, step, slot, name, size = inbox.popleft()

@@ -58,7 +58,7 @@ import os
 import random
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from chute._paths import default_cache_dir
@@ -109,6 +109,9 @@ class ShardCache:
         self.next_use: Callable[[int], float] | None = None  # set by the loader: step of a shard's next use
         self.on_no_room: Callable[[], None] | None = None  # set by the loader: a download of this process waits for room
         self.on_unpin: Callable[[int], None] | None = None  # called before a shard's lock is dropped
+        # called after: the process's last hold on shard i is gone (a loader's worker processes are told)
+        self.unpin_listeners: list[Callable[[int], None]] = []
+        self._guests: frozenset[int] = frozenset()  # shards held for this process by its parent (see guest_reads)
         self.counts = {"hits": 0, "misses": 0, "shards_downloaded": 0, "bytes_downloaded": 0,
                        "evictions": 0, "checksum_failures": 0, "high_water": 0, "room_waits": 0}
         sizes = sorted((s.bytes for s in manifest.shards), reverse=True)
@@ -139,6 +142,7 @@ class ShardCache:
         self._cond = threading.Condition()
         self._inherited = True
         self.direct = DirectReads(self)
+        self.unpin_listeners, self._guests = [], frozenset()
         if self.sharing is not None:
             self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=self.sharing.direct_minimum)  # type: ignore[arg-type]
 
@@ -167,9 +171,33 @@ class ShardCache:
     # the reader's direct reads (the ShardSource seam, chute.format.reader): see chute/storage/direct.py
 
     def hold_for_read(self, i: int) -> contextlib.AbstractContextManager[str]:
-        """Shard ``i`` held while a direct read maps it; kept for a while after."""
+        """Shard ``i`` held while a direct read maps it; kept for a while after. A guest
+        shard (:meth:`guest_reads`) is mapped without a hold of this process."""
         self._after_fork()
+        if i in self._guests and not self._refs.get(i):
+            return contextlib.nullcontext(self.path(i))
         return self.direct.hold(i)
+
+    @contextlib.contextmanager
+    def guest_reads(self, shards: Iterable[int]) -> Iterator[None]:
+        """Reads of ``shards`` that another process holds for this one: a loader's worker process
+        builds a batch only once its parent holds the batch's shards, and the parent lets them go
+        only after the batch. Mapped without a hold of its own (no lock, no lease, no room), a
+        guest shard stays mapped after the read until :meth:`let_go` (the parent's hold is gone)."""
+        self._guests = frozenset(shards)
+        try:
+            yield
+        finally:
+            self._guests = frozenset()
+
+    def let_go(self, i: int) -> None:
+        """The process that held shard ``i`` for this one's guest reads has let go of it: unmap it
+        (unless this process holds it itself: then the last release unmaps it)."""
+        with self._cond:
+            if self._refs.get(i):
+                return
+        if self.on_unpin is not None:
+            self.on_unpin(i)
 
     def reading(self) -> contextlib.AbstractContextManager[None]:
         """A direct batch read: the shards it maps stay held until it ends."""
@@ -308,6 +336,8 @@ class ShardCache:
         if self.on_unpin is not None:
             self.on_unpin(i)
         os.close(fd)  # drops the shared lock
+        for listener in list(self.unpin_listeners):
+            listener(i)
         with self._cond:
             gone = self._uncommit(i)
             self._cond.notify_all()

@@ -538,7 +538,11 @@ def test_memory_bound_gather_stays_within_the_memory_budget_and_the_cpu(tmp_path
         del batch
     policy = loader._meter.tuner.policy
     assert policy.depth <= 4 and policy.threads <= 4
-    assert policy.threads <= 2 or any(not s.kept for s in policy.steps), [s.describe() for s in policy.steps]
+    # (a thread trial the last pass ended in the middle of is not judged yet: its thread is there, not in
+    # steps; on a machine busy with other processes the CPU this one uses leaves room for a trial)
+    trial = policy._trial
+    pending = int(trial is not None and trial.kind == "threads" and policy.threads == trial.to_threads)
+    assert policy.threads - pending <= 2 or any(not s.kept for s in policy.steps), [s.describe() for s in policy.steps]
 
 
 def test_idle_cpu_is_enough_to_try_one_more_thread():

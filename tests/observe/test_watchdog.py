@@ -281,6 +281,52 @@ def test_a_read_that_never_returns_names_the_url(ds, tmp_path):
     assert _join_chute_threads() == []
 
 
+def test_processes_name_a_batch_waiting_for_its_shards_download(ds, tmp_path):
+    """With worker processes, a batch goes to a worker only once the loader holds its shards: a
+    download that never returns is reported as the batch waiting for the downloader, with the
+    URL; released, the epoch completes with nothing lost and nothing left running."""
+    if importlib.util.find_spec("aiohttp") is None:
+        pytest.skip("needs aiohttp for http:// datasets (pip install -e '.[test]')")
+    from tests.servers import FaultyHTTPServer
+
+    root = tmp_path / "served"
+    root.mkdir()
+    shutil.copytree(ds.root, root / "ds")
+    with FaultyHTTPServer(root) as server:
+        url = f"{server.url}ds/{ds.shards[0].file}"
+
+        class ReleaseWhenNamed(logging.Handler):
+            def __init__(self) -> None:
+                super().__init__(logging.WARNING)
+                self.reports: list[str] = []
+
+            def emit(self, record: logging.LogRecord) -> None:
+                text = record.getMessage()
+                if text.startswith("chute: STALL:"):
+                    self.reports.append(text)
+                    if "waits for the downloader" in text and f"GET {url}" in text or len(self.reports) >= 10:
+                        server.release()
+
+        remote = chute.open(server.url + "ds/", cache_dir=tmp_path / "cache")
+        server.hang(pattern=r"\.arrow")
+        handler = ReleaseWhenNamed()
+        logger = logging.getLogger("chute")
+        logger.addHandler(handler)
+        loader = chute.Loader(remote, BATCH, workers=chute.Workers("processes", count=1), watchdog=1.0)
+        try:
+            labels = [label for batch in loader for label in batch["label"].tolist()]
+        finally:
+            logger.removeHandler(handler)
+            server.release()
+            loader.close()
+    assert labels == list(range(N))
+    named = [r for r in handler.reports if f"GET {url}" in _section(r, "Reads in flight")]
+    assert named, handler.reports
+    assert "Stuck: batch 0 waits for the downloader: its shards are not held yet" in named[0]
+    assert "batch 0: samples [0, 1, 2, 3]: not sent to a worker yet (waiting until the downloader holds its shards)" in named[0]
+    assert _join_chute_threads() == []
+
+
 def _section(report: str, title: str) -> str:
     """The lines of one section of a report."""
     return report.split(f"{title}:\n", 1)[-1].split("\n\n", 1)[0] if f"{title}:" in report else ""

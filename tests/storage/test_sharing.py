@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -267,6 +268,45 @@ def test_worker_processes_keep_no_shard_held_between_batches(http_server, datase
     assert_same_epoch(epoch_columns(ld), local_epochs(dataset, 1, shuffle=False)[0])
     assert ds.cache.stats()["high_water"] <= limit
     assert part_files(str(tmp_path / "cache")) == []
+
+
+def _mapped_under(pid: int, root: str) -> set[str]:
+    """Files under ``root`` that process ``pid`` maps (Linux: /proc/<pid>/maps), deleted ones too."""
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6 and root in line}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/<pid>/maps (Linux)")
+def test_worker_processes_map_only_what_their_loader_holds(http_server, dataset, tmp_path):
+    """A worker process reads a batch's shards as a guest of its loader's holds and keeps them
+    mapped across batches (no remapping within a shuffle window), until its loader lets them go:
+    then it unmaps them, idle or not, so no worker keeps an evicted file's bytes on disk."""
+    import shutil
+
+    from tests.storage._helpers import epoch_columns
+
+    shutil.copytree(dataset, http_server.root / "ds")
+    url = http_server.url + "ds"
+    cache_dir = str(tmp_path / "cache")
+    limit = stated_minimum(url, str(tmp_path / "probe"))
+    ds = chute.open(url, cache_dir=cache_dir, cache_limit=limit)
+    ld = loader(ds, seed=12, workers=chute.Workers("processes", count=2), watchdog=chute.Watchdog(120, on_stall="raise"))
+    batches = iter(ld)
+    first = next(batches)
+    pids = ld._processes.pids
+    # Mid-pass: the workers keep the shards of the first window mapped (their loader holds them until
+    # the window's last batch).
+    assert any(_mapped_under(pid, cache_dir) for pid in pids)
+    rest = list(batches)
+    assert_same_epoch(epoch_columns([first, *rest]), local_epochs(dataset, 1, seed=12)[0])
+    # The pass is over: its downloader let go of every shard, and the idle workers were told.
+    deadline = time.monotonic() + 60
+    while any(_mapped_under(pid, cache_dir) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [_mapped_under(pid, cache_dir) for pid in pids] == [set(), set()]
+    assert ld._processes.pids == pids  # the same workers, still running
+    ld.close()
+    ds.close()
 
 
 def test_turns_first_come_first_served_and_ranks_of_one_job_fail_instead_of_waiting(tmp_path):
