@@ -1,6 +1,6 @@
 """Worker processes over a remote dataset: batches from the node cache against the same dataset on local disk.
 
-    python benchmarks/remote_processes.py [--rows 120000] [--epochs 6] [--workers 2]
+    python benchmarks/remote_processes.py [--rows 120000] [--epochs 6] [--rounds 3] [--workers 2]
 
 ``workers="processes"`` is for transforms that hold the GIL. Over a remote
 dataset the main process downloads and holds the shards; each worker maps the
@@ -18,9 +18,10 @@ workers=chute.Workers("processes", count=W))``
 * over HTTP through a cache limited to 25% of the dataset (every epoch
   downloads again).
 
-Every configuration runs ``--epochs`` epochs in one Loader; the first (worker
-start, cold cache) is left out and the median of the others is reported, with
-its ratio to the local reference measured in the same run. Saved to
+Every configuration runs ``--epochs`` epochs in one Loader, ``--rounds`` times
+(the configurations in turn); the first epoch of each Loader (worker start, cold
+cache) is left out and the median of the others is reported, with its ratio to
+the local reference measured in the same run. Saved to
 benchmarks/results/remote_processes.json (table "epochs").
 """
 
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=120_000)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     local = make(os.path.join(args.data, "remote-processes", "ds"), args.rows)
     work = tempfile.mkdtemp(prefix="chute-remote-processes-")
@@ -98,19 +100,22 @@ def main() -> None:
             url, cache_dir=os.path.join(work, "cache-all"), cache_limit=2 * local.nbytes))]
         configs.append(("HTTP, cache 25% of the dataset", lambda: chute.open(
             url, cache_dir=os.path.join(work, "cache-25"), cache_limit=local.nbytes // 4)))
-        reference = None
-        for label, opened in configs:
-            ds = opened()
-            rates = epochs(ds, args.epochs, args.workers)
-            if ds is not local:
-                ds.close()
-            median = statistics.median(rates[1:])
-            reference = reference or median
+        measured: dict[str, list[list[float]]] = {label: [] for label, _ in configs}
+        for round_ in range(args.rounds):  # the configurations in turn, so that a slower spell of the machine hits each
+            for label, opened in configs:
+                ds = opened()
+                rates = epochs(ds, args.epochs, args.workers)
+                if ds is not local:
+                    ds.close()
+                measured[label].append(rates)
+                print(f"round {round_ + 1}, {label}: epochs {[round(r) for r in rates]} samples/s", flush=True)
+        reference = statistics.median(r for rates in measured[configs[0][0]] for r in rates[1:])
+        for label, runs in measured.items():
+            median = statistics.median(r for rates in runs for r in rates[1:])
             row = {"label": f"{label}, {args.workers} processes", "samples_per_s": median, "ratio_local": median / reference,
-                   "first_epoch": rates[0], "epochs": rates}
+                   "first_epoch": statistics.median(rates[0] for rates in runs), "epochs": runs}
             rows.append(row)
-            print(f"{row['label']}: {median:,.0f} samples/s ({median / reference:.2f}x local); "
-                  f"first epoch {rates[0]:,.0f}; epochs {[round(r) for r in rates]}", flush=True)
+            print(f"{row['label']}: {median:,.0f} samples/s ({median / reference:.2f}x local); first epoch {row['first_epoch']:,.0f}")
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -120,7 +125,8 @@ def main() -> None:
                     ["first_epoch", "first epoch samples/s", ",.0f"]],
         "rows": rows,
         "notes": f"shuffled (default window), a per-sample Python transform, workers=chute.Workers('processes', "
-                 f"count={args.workers}); medians of epochs 2-{args.epochs} of one Loader (the first: worker start, cold cache)",
+                 f"count={args.workers}); medians of epochs 2-{args.epochs} of one Loader over {args.rounds} rounds (the first epoch: "
+                 "worker start, cold cache)",
     }})
 
 
