@@ -116,7 +116,9 @@ class MemberState:
     job: str = ""  # the pass it reads: equal for the ranks of one job (same dataset, order, epoch)
 
     def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self)).encode("utf-8")
+        # (not dataclasses.asdict, which deep-copies ``soon`` first: a member publishes at every release)
+        return json.dumps({"minimum": self.minimum, "want": self.want, "lease": self.lease, "waiting": self.waiting,
+                           "soon": self.soon, "job": self.job}).encode("utf-8")
 
     @classmethod
     def from_json(cls, data: bytes) -> MemberState | None:
