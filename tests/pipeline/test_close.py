@@ -181,3 +181,42 @@ def test_ctrl_c_delivered_to_another_thread_interrupts_the_waiting_loop(tmp_path
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("aiohttp") is None, reason="needs aiohttp (the test HTTP server)")
+def test_no_thread_or_worker_survives_close_while_a_batch_waits_for_its_shards(ds, tmp_path):
+    """Worker processes over a remote dataset whose last shard's download never returns: the
+    batches that read it wait in the gate (not sent to a worker); closing then ends the gate, the
+    receiver, the downloads and the workers."""
+    import os
+    import shutil
+
+    from tests.servers import FaultyHTTPServer
+
+    root = tmp_path / "www"
+    shutil.copytree(ds.root, root / "ds")
+    with FaultyHTTPServer(root) as server:
+        before = chute_threads()
+        remote = chute.open(server.url + "ds", cache_dir=tmp_path / "cache")
+        # in order, 13 batches: all submitted at the start (prefetch 16); the last shard is read by the last 3 only
+        loader = chute.Loader(remote, 32, workers=chute.Workers("processes", count=2))
+        last = len(remote.shards) - 1
+        server.hang(pattern=remote.shards[last].file)
+        try:
+            it = iter(loader)
+            next(it)
+            assert server.wait_hung(1, timeout=60), "the last shard was never requested"
+            pids = loader._processes.pids
+            assert loader._processes.waiting_for_shards()[-3:] == [10, 11, 12]
+            loader.close()
+            del it
+            assert not {t.name for t in chute_threads() - before if not t.name.startswith("chute-fetch")}
+        finally:
+            server.release()
+        for thread in chute_threads() - before:  # the download hung in its request ends with it (a daemon meanwhile)
+            thread.join(30)
+        assert not {t.name for t in chute_threads() - before}
+        remote.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
