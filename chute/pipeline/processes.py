@@ -179,11 +179,17 @@ class _Running:
         if self.cache is not None:
             with contextlib.suppress(ValueError):
                 self.cache.unpin_listeners.remove(self.let_go)
-        with self.sending:
+        # (a send blocked on a worker that reads no more, stuck in a transform, must not block the shutdown:
+        # without the lock the workers get no stop message, and are terminated after the grace period)
+        polite = self.sending.acquire(timeout=grace)
+        try:
             workers, self.workers = self.workers, []
-            for w in workers:
+            for w in workers if polite else ():
                 with contextlib.suppress(OSError):
                     w.conn.send(None)
+        finally:
+            if polite:
+                self.sending.release()
         ring, self.ring = self.ring, None
         deadline = time.monotonic() + grace
         live = [w for w in workers if w.process.exitcode is None]
