@@ -251,21 +251,12 @@ def test_a_read_that_never_returns_names_the_url(ds, tmp_path):
     with FaultyHTTPServer(root) as server:
         url = f"{server.url}ds/{shard}"
 
-        class ReleaseWhenNamed(logging.Handler):
-            def __init__(self) -> None:
-                super().__init__(logging.WARNING)
-                self.reports: list[str] = []
-
-            def emit(self, record: logging.LogRecord) -> None:
-                text = record.getMessage()
-                if text.startswith("chute: STALL:"):
-                    self.reports.append(text)
-                    if f"GET {url}" in _section(text, "Reads in flight") or len(self.reports) >= 10:
-                        server.release()
+        def named(text: str) -> bool:
+            return f"GET {url}" in _section(text, "Reads in flight")
 
         remote = chute.open(server.url + "ds/", cache_dir=tmp_path / "cache")  # the manifest is read before the hang
         server.hang(pattern=r"\.arrow")
-        handler = ReleaseWhenNamed()
+        handler = _ReleaseWhen(server, named)
         logger = logging.getLogger("chute")
         logger.addHandler(handler)
         try:
@@ -295,21 +286,12 @@ def test_processes_name_a_batch_waiting_for_its_shards_download(ds, tmp_path):
     with FaultyHTTPServer(root) as server:
         url = f"{server.url}ds/{ds.shards[0].file}"
 
-        class ReleaseWhenNamed(logging.Handler):
-            def __init__(self) -> None:
-                super().__init__(logging.WARNING)
-                self.reports: list[str] = []
-
-            def emit(self, record: logging.LogRecord) -> None:
-                text = record.getMessage()
-                if text.startswith("chute: STALL:"):
-                    self.reports.append(text)
-                    if "waits for the downloader" in text and f"GET {url}" in text or len(self.reports) >= 10:
-                        server.release()
+        def named(text: str) -> bool:
+            return "waits for the downloader" in text and f"GET {url}" in _section(text, "Reads in flight")
 
         remote = chute.open(server.url + "ds/", cache_dir=tmp_path / "cache")
         server.hang(pattern=r"\.arrow")
-        handler = ReleaseWhenNamed()
+        handler = _ReleaseWhen(server, named)
         logger = logging.getLogger("chute")
         logger.addHandler(handler)
         loader = chute.Loader(remote, BATCH, workers=chute.Workers("processes", count=1), watchdog=1.0)
@@ -325,6 +307,23 @@ def test_processes_name_a_batch_waiting_for_its_shards_download(ds, tmp_path):
     assert "Stuck: batch 0 waits for the downloader: its shards are not held yet" in named[0]
     assert "batch 0: samples [0, 1, 2, 3]: not sent to a worker yet (waiting until the downloader holds its shards)" in named[0]
     assert _join_chute_threads() == []
+
+
+class _ReleaseWhen(logging.Handler):
+    """Keeps the watchdog's reports; releases ``server``'s hung requests once a report satisfies
+    ``named`` (or after 10 reports: the test then fails on what they say)."""
+
+    def __init__(self, server, named) -> None:
+        super().__init__(logging.WARNING)
+        self.server, self.named = server, named
+        self.reports: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith("chute: STALL:"):
+            self.reports.append(text)
+            if self.named(text) or len(self.reports) >= 10:
+                self.server.release()
 
 
 def _section(report: str, title: str) -> str:
