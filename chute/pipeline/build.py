@@ -70,6 +70,8 @@ def _close_at_exit(run: Pass) -> None:
 
 def _stop_stages(channel: Channel, executor: Any, fetcher: Any) -> None:
     channel.close()
+    if fetcher is not None:
+        fetcher.stop_waits()
     executor.close(timeout=1.0)
     if fetcher is not None:
         fetcher.close()

@@ -275,7 +275,6 @@ class _PassRun:
         # A remote dataset's downloader holds the shards of the coming steps in this process; a step goes
         # to a worker only once its shards are held (the worker reads them under this hold).
         self.fetcher = run.fetcher
-        self._ended = threading.Event()  # set when the pass ends: the gate's wait for shards gives up
         self.gate: threading.Thread | None = None
         if self.fetcher is not None:
             self._steps = (run.indices, run.dataset.shards_of)
@@ -403,7 +402,7 @@ class _PassRun:
             try:
                 rows = indices.rows(step)
                 indices.ahead(step)
-                fetcher.wait(step, shards_of(rows), self._ended)
+                fetcher.wait(step, shards_of(rows))
             except BaseException as exc:  # noqa: BLE001 - raised in the training loop at this step
                 failure = exc
             with self._lock:
@@ -421,10 +420,9 @@ class _PassRun:
         """The pass ends: the gate stops waiting for shards and for steps."""
         if self.gate is None:
             return
-        self._ended.set()
         with self._cond:
             self._cond.notify_all()
-        self.fetcher.wake()
+        self.fetcher.stop_waits()
 
     def _send(self) -> None:
         """Send queued steps while a ring slot is free."""

@@ -123,6 +123,8 @@ class Pass:
         channel, executor, fetcher = self.channel, self.executor, self.fetcher
         if channel is not None:
             channel.close()
+        if fetcher is not None:
+            fetcher.stop_waits()  # batch tasks waiting for a download give up (the executor joins them next)
         if executor is not None:
             stuck = executor.close(timeout=0.1 if broken else 5.0, broken=broken)
             if stuck:

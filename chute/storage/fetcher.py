@@ -145,6 +145,7 @@ class Fetcher:
         self._extra: dict[int, list[int]] = {}  # step -> shards a task acquired itself (not in the plan)
         self._error: BaseException | None = None
         self._closed = False
+        self._waits_stopped = False  # see stop_waits
         self._turn = cache.sharing is None  # whether this process has its lease (see take_turn)
         self._taking = False
         self._unclaimed = False  # a download waits for room outside the lease (see _run)
@@ -282,8 +283,15 @@ class Fetcher:
             self._squeezed = True
         self.give_back()
 
+    def stop_waits(self) -> None:
+        """The pass ends: batch tasks waiting for shards give up now (raising), before :meth:`close`
+        releases what this fetcher holds (tasks reading held shards go on to the end of their batch)."""
+        with self._cond:
+            self._waits_stopped = True
+            self._cond.notify_all()
+
     def wake(self) -> None:
-        """Look again: room may have come free in this process's lease, or a waiter's ``stop`` is set."""
+        """Look again: room may have come free in this process's lease."""
         with self._cond:
             self._cond.notify_all()
 
@@ -321,11 +329,9 @@ class Fetcher:
 
     # ------------------------------------------------------------------ the batch tasks' side
 
-    def wait(self, step: int, shards: Iterable[int], stop: threading.Event | None = None) -> None:
-        """Block until ``shards`` (those batch ``step`` reads) are held; raise the download's error.
-
-        ``stop``: set (then :meth:`wake`) by a caller that no longer needs them: the wait
-        raises :class:`ChuteError` instead of going on."""
+    def wait(self, step: int, shards: Iterable[int]) -> None:
+        """Block until ``shards`` (those batch ``step`` reads) are held; raise the download's error
+        (or :class:`ChuteError` once :meth:`stop_waits` was called)."""
         start = time.perf_counter()
         with self._cond:
             self._reached = max(self._reached, step)  # from now on they are not given back
@@ -351,7 +357,7 @@ class Fetcher:
                 if not self._started.get(k):
                     with inflight.track("wait for download of", f"{self.cache.remote.url}/{self.cache.manifest.shards[shard].file}"):
                         while not self._started.get(k) and self._error is None and not self._closed:
-                            if stop is not None and stop.is_set():
+                            if self._waits_stopped:
                                 raise ChuteError("the loader's pass ended while a batch waited for its shards")
                             self._cond.wait()
                 if self._error is not None:

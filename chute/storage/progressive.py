@@ -206,12 +206,12 @@ class EpochHolds:
         self._held.discard(shard)
         self.view.release(shard)
 
-    def wait(self, step: int, shards: list[int], stop: threading.Event | None = None) -> None:
+    def wait(self, step: int, shards: list[int]) -> None:
         missing = [s for s in shards if s not in self._held]
         if missing:  # only if the schedule were wrong: never read a shard we do not hold
             raise ChuteError(f"progressive epoch: step {step} reads shards {missing} that are no longer held")
 
-    def wake(self) -> None:
+    def stop_waits(self) -> None:
         """(The fetcher's interface: :meth:`wait` never blocks.)"""
 
     def received(self, step: int) -> None:

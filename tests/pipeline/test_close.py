@@ -184,10 +184,13 @@ def test_ctrl_c_delivered_to_another_thread_interrupts_the_waiting_loop(tmp_path
 
 
 @pytest.mark.skipif(importlib.util.find_spec("aiohttp") is None, reason="needs aiohttp (the test HTTP server)")
-def test_no_thread_or_worker_survives_close_while_a_batch_waits_for_its_shards(ds, tmp_path):
-    """Worker processes over a remote dataset whose last shard's download never returns: the
-    batches that read it wait in the gate (not sent to a worker); closing then ends the gate, the
-    receiver, the downloads and the workers."""
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_close_while_batches_wait_for_a_download_ends_everything_at_once(ds, tmp_path, caplog, kind):
+    """A remote dataset whose last shard's download never returns: the batches that read it wait
+    for it (thread workers in their task; with worker processes in the gate, not sent to a
+    worker). Closing makes them give up at once (no worker left busy to wait for, no warning),
+    then ends the receiver, the downloads and the workers."""
+    import logging
     import os
     import shutil
 
@@ -195,20 +198,24 @@ def test_no_thread_or_worker_survives_close_while_a_batch_waits_for_its_shards(d
 
     root = tmp_path / "www"
     shutil.copytree(ds.root, root / "ds")
+    pids: list[int] = []
     with FaultyHTTPServer(root) as server:
         before = chute_threads()
         remote = chute.open(server.url + "ds", cache_dir=tmp_path / "cache")
         # in order, 13 batches: all submitted at the start (prefetch 16); the last shard is read by the last 3 only
-        loader = chute.Loader(remote, 32, workers=chute.Workers("processes", count=2))
+        loader = chute.Loader(remote, 32, workers=chute.Workers(kind, count=2))
         last = len(remote.shards) - 1
         server.hang(pattern=remote.shards[last].file)
         try:
             it = iter(loader)
             next(it)
             assert server.wait_hung(1, timeout=60), "the last shard was never requested"
-            pids = loader._processes.pids
-            assert loader._processes.waiting_for_shards()[-3:] == [10, 11, 12]
-            loader.close()
+            if kind == "processes":
+                pids = loader._processes.pids
+                assert loader._processes.waiting_for_shards()[-3:] == [10, 11, 12]
+            with caplog.at_level(logging.WARNING, logger="chute"):
+                loader.close()
+            assert "still busy after shutdown" not in caplog.text
             del it
             assert not {t.name for t in chute_threads() - before if not t.name.startswith("chute-fetch")}
         finally:
