@@ -39,7 +39,9 @@ The rules (thresholds are the constants below):
   is kept as a :class:`Step` (before and after, measured): the report's advice
   comes from these, never from a model of how threads scale.
 * Data-bound and the worker threads busy at least ``BUSY`` of their time: try
-  one more thread, if the budgets allow it. The **CPU budget** counts CPU
+  one more thread, if the budgets allow it (several while each worker uses at
+  most ``WAITING_SHARE`` of a core: as many as fit the CPU budget, at most
+  doubling the count, half as many after such a trial did not help). The **CPU budget** counts CPU
   actually used (the process's CPU time over the window, ``os.times``): a thread
   is added while the cores in use plus one more worker's share (the workers'
   CPU time over the threads) fit in the budget (default the CPUs this process
@@ -110,6 +112,10 @@ PROBE_AFTER = 2 * JUDGE
 #: Share of a core the CPU in use may exceed the budget by when one more thread is tried, and
 #: the idle share of the budget that is enough to try one more thread anyway.
 CPU_SLACK = 0.25
+#: Cores a worker thread uses at most for the next thread trial to add several threads at once (see
+#: Policy._more): tasks that wait (I/O) use a few percent of a core; one that computes uses most of
+#: one, and still about 0.4 when two other processes burn both cores (5 runnable threads on 2 cores).
+WAITING_SHARE = 0.15
 #: Default memory budget: bytes of finished or building batches in flight.
 DEFAULT_MAX_BYTES = 512 << 20
 #: A window closes after ``window_batches`` batches, or after this long with at least 2: slow batches
@@ -294,6 +300,7 @@ class Policy:
         self._first_of_pass = False
         self._calm = 0
         self._said: set[str] = set()  # one-time notes already made
+        self._most_added = max_threads  # threads one trial may add (halved after a trial of several did not help)
         self.probe = probe  # whether one thread beyond a full CPU budget is measured once (see the module docstring)
         self._probed = not probe  # that trial was made (or is not to be)
 
@@ -356,8 +363,9 @@ class Policy:
                             return changes  # the process's first windows are slow (first touches): not a baseline
                         self._probed = True
                     beyond = self._beyond(window, measured)  # before the count changes
+                    added = 1 if probe else min(self._more(window, measured), min(self.ceiling, self._thread_limit()) - self.threads)
                     change = self._set_threads(
-                        self.threads + 1,
+                        self.threads + added,
                         f"the loop waited {wait:.0%} of its time and the {self.threads} worker thread(s) were {busy:.0%} busy"
                         + (f"; {cpu}: one thread beyond the budget is measured once" if probe else
                            f"; {window.cores:.2f} of {self.cpu_budget:g} cores in use" if window.cores is not None else ""),
@@ -368,7 +376,7 @@ class Policy:
                     if self.tune_depth and self.depth < want:
                         changes.append(self._set_depth(want, "2 batches in flight per thread"))
                     self._trial = _Trial(
-                        "threads", self.threads - 1, old_depth, base[0], base[1], change[0], self.threads, self.depth,
+                        "threads", self.threads - added, old_depth, base[0], base[1], change[0], self.threads, self.depth,
                         beyond=beyond,
                     )
                 else:
@@ -441,12 +449,15 @@ class Policy:
             if not trial.after:
                 return []
             return self._go(trial.to_threads, min(trial.to_depth, limit), f"{trial.change} is kept: {measured_text} with the rate before re-measured")
-        what = (f"thread {trial.threads + 1} did not help: {measured_text}; staying at {trial.threads} "
+        tried = (f"thread {trial.threads + 1}" if trial.to_threads == trial.threads + 1
+                 else f"threads {trial.threads + 1}-{trial.to_threads}")
+        what = (f"{tried} did not help: {measured_text}; staying at {trial.threads} "
                 "(the work may hold the GIL, or share one resource)") if trial.kind == "threads" else (
                 f"prefetch {trial.to_depth} did not help: {measured_text}; back to {trial.depth} "
                 "(the wait is not for lack of batches started)")
         if trial.kind == "threads":
-            self.ceiling = trial.threads
+            self.ceiling = trial.to_threads - 1  # after several threads together, fewer may still help:
+            self._most_added = max(1, (trial.to_threads - trial.threads) // 2)  # half as many are tried next
         else:
             self.depth_ceiling = trial.depth
         if trial.after:  # already back at the old settings: only the ceiling changes
@@ -490,6 +501,26 @@ class Policy:
         if cores is None or workers is None:
             return None
         return cores, workers / self.threads
+
+    def _more(self, window: Window, measured: list[_Seen]) -> int:
+        """Threads the next trial adds: one; or, while each worker uses at most ``WAITING_SHARE`` of a
+        core (its tasks wait: I/O, sleeps), as many as the CPU budget has room for at that share, at
+        most doubling the count. When such a trial does not help, the next adds half as many (the
+        count that helps is between).
+
+        Added one trial at a time (10 windows each), threads that wait on I/O took 7 trials to go from
+        1 to 8 (benchmarks/images.py --only io); doubling takes 3. A worker that computes uses far more
+        than ``WAITING_SHARE`` even on a machine whose other processes take most of the cores.
+        """
+        used = self._cores(window, measured)
+        if used is None:
+            return 1
+        cores, per_thread = used
+        if per_thread > WAITING_SHARE:
+            return 1
+        room = self.cpu_budget + CPU_SLACK - cores
+        fit = self.threads if per_thread <= 0 else int(room // per_thread)
+        return max(1, min(self.threads, fit, self._most_added))
 
     def _fits(self, window: Window, measured: list[_Seen]) -> bool:
         """Whether one more worker's CPU share fits the budget (True when CPU was not measured)."""
