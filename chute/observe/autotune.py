@@ -40,8 +40,9 @@ The rules (thresholds are the constants below):
   comes from these, never from a model of how threads scale.
 * Data-bound and the worker threads busy at least ``BUSY`` of their time: try
   one more thread, if the budgets allow it (several while each worker uses at
-  most ``WAITING_SHARE`` of a core: as many as fit the CPU budget, at most
-  doubling the count, half as many after such a trial did not help). The **CPU budget** counts CPU
+  most ``WAITING_SHARE`` of a core: as many as would end the wait, within the
+  CPU budget, at most doubling the count; half as many after such a trial did
+  not help). The **CPU budget** counts CPU
   actually used (the process's CPU time over the window, ``os.times``): a thread
   is added while the cores in use plus one more worker's share (the workers'
   CPU time over the threads) fit in the budget (default the CPUs this process
@@ -363,7 +364,8 @@ class Policy:
                             return changes  # the process's first windows are slow (first touches): not a baseline
                         self._probed = True
                     beyond = self._beyond(window, measured)  # before the count changes
-                    added = 1 if probe else min(self._more(window, measured), min(self.ceiling, self._thread_limit()) - self.threads)
+                    top = min(self.ceiling, self._thread_limit())
+                    added = 1 if probe else min(self._more(window, measured, base[1]), top - self.threads)
                     change = self._set_threads(
                         self.threads + added,
                         f"the loop waited {wait:.0%} of its time and the {self.threads} worker thread(s) were {busy:.0%} busy"
@@ -502,11 +504,12 @@ class Policy:
             return None
         return cores, workers / self.threads
 
-    def _more(self, window: Window, measured: list[_Seen]) -> int:
+    def _more(self, window: Window, measured: list[_Seen], wait: float) -> int:
         """Threads the next trial adds: one; or, while each worker uses at most ``WAITING_SHARE`` of a
-        core (its tasks wait: I/O, sleeps), as many as the CPU budget has room for at that share, at
-        most doubling the count. When such a trial does not help, the next adds half as many (the
-        count that helps is between).
+        core (its tasks wait: I/O, sleeps), as many as would end the loop's ``wait`` if each added its
+        share of samples/s (the loop's own time per batch unchanged: ``threads / (1 - wait)`` in all),
+        within what the CPU budget has room for at that share and at most doubling the count. When
+        such a trial does not help, the next adds half as many (the count that helps is between).
 
         Added one trial at a time (10 windows each), threads that wait on I/O took 7 trials to go from
         1 to 8 (benchmarks/images.py --only io); doubling takes 3. A worker that computes uses far more
@@ -520,7 +523,8 @@ class Policy:
             return 1
         room = self.cpu_budget + CPU_SLACK - cores
         fit = self.threads if per_thread <= 0 else int(room // per_thread)
-        return max(1, min(self.threads, fit, self._most_added))
+        enough = math.ceil(self.threads / max(1 - wait, 1 / (2 * self.threads))) - self.threads
+        return max(1, min(self.threads, fit, self._most_added, enough))
 
     def _fits(self, window: Window, measured: list[_Seen]) -> bool:
         """Whether one more worker's CPU share fits the budget (True when CPU was not measured)."""

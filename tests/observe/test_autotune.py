@@ -604,6 +604,15 @@ def test_threads_that_wait_on_io_are_not_beyond_the_cpu_budget_however_many():
     assert "re-measuring" in changes[1][1]  # +50%, yet re-measured: beyond the budget
 
 
+@pytest.mark.parametrize("wait, to", [(0.1, 5), (0.3, 6), (0.5, 8), (0.9, 8)])
+def test_waiting_threads_are_added_as_many_as_would_end_the_wait(wait, to):
+    # 4 workers at 0.04 of a core each: if each adds its share, 4 / (1 - wait) threads end the loop's wait
+    # (at most double: 8)
+    policy = Policy(4, 16, max_threads=16, cpu_budget=2)
+    changes = feed(policy, dataclasses.replace(data_bound(2000.0, wait=wait), cpu_s=0.18, loop_cpu_s=0.02), JUDGE + 1)
+    assert changes[0][0] == f"threads 4 -> {to}"
+
+
 def test_waiting_threads_that_stop_helping_are_tried_fewer_at_a_time():
     # I/O-bound workers (0.04 of a core each) that help up to 6 threads (the storage serves 6 at a time)
     def window(threads: int) -> Window:
