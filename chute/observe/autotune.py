@@ -352,7 +352,8 @@ class Policy:
         if wait >= WAIT:
             self._calm = 0
             if busy >= BUSY and self.tune_threads:
-                cpu = self._cpu_full(window, measured)
+                used = self._cores(window, measured)
+                cpu = self._cpu_full(used)
                 if self.threads < min(self.ceiling, self._thread_limit()) and (cpu is None or not self._probed):
                     probe = cpu is not None
                     if starved and not settled:
@@ -363,9 +364,9 @@ class Policy:
                         if sum(s.rate == s.rate for s in self._steady) < PROBE_AFTER:
                             return changes  # the process's first windows are slow (first touches): not a baseline
                         self._probed = True
-                    beyond = self._beyond(window, measured)  # before the count changes
+                    beyond = self._beyond(used)  # before the count changes
                     top = min(self.ceiling, self._thread_limit())
-                    added = 1 if probe else min(self._more(window, measured, base[1]), top - self.threads)
+                    added = 1 if probe else min(self._more(used, base[1]), top - self.threads)
                     change = self._set_threads(
                         self.threads + added,
                         f"the loop waited {wait:.0%} of its time and the {self.threads} worker thread(s) were {busy:.0%} busy"
@@ -504,7 +505,7 @@ class Policy:
             return None
         return cores, workers / self.threads
 
-    def _more(self, window: Window, measured: list[_Seen], wait: float) -> int:
+    def _more(self, used: tuple[float, float] | None, wait: float) -> int:
         """Threads the next trial adds: one; or, while each worker uses at most ``WAITING_SHARE`` of a
         core (its tasks wait: I/O, sleeps), as many as would end the loop's ``wait`` if each added its
         share of samples/s (the loop's own time per batch unchanged: ``threads / (1 - wait)`` in all),
@@ -515,7 +516,6 @@ class Policy:
         1 to 8 (benchmarks/images.py --only io); doubling takes 3. A worker that computes uses far more
         than ``WAITING_SHARE`` even on a machine whose other processes take most of the cores.
         """
-        used = self._cores(window, measured)
         if used is None:
             return 1
         cores, per_thread = used
@@ -526,23 +526,21 @@ class Policy:
         enough = math.ceil(self.threads / max(1 - wait, 1 / (2 * self.threads))) - self.threads
         return max(1, min(self.threads, fit, self._most_added, enough))
 
-    def _fits(self, window: Window, measured: list[_Seen]) -> bool:
-        """Whether one more worker's CPU share fits the budget (True when CPU was not measured)."""
-        used = self._cores(window, measured)
+    def _fits(self, used: tuple[float, float] | None) -> bool:
+        """Whether one more worker's CPU share fits the budget (``used``: :meth:`_cores`; True when not measured)."""
         return used is None or used[0] + used[1] <= self.cpu_budget + CPU_SLACK
 
-    def _beyond(self, window: Window, measured: list[_Seen]) -> bool:
+    def _beyond(self, used: tuple[float, float] | None) -> bool:
         """Whether the thread about to be tried (the current count + 1) is beyond the CPU budget: more
         threads than the budget's cores, and its worker's CPU share does not fit (threads that wait on I/O
         use a few percent of a core each and fit, however many) or no CPU was measured."""
         if self.threads + 1 <= self.cpu_budget:
             return False
-        return self._cores(window, measured) is None or not self._fits(window, measured)
+        return used is None or not self._fits(used)
 
-    def _cpu_full(self, window: Window, measured: list[_Seen]) -> str | None:
+    def _cpu_full(self, used: tuple[float, float] | None) -> str | None:
         """Why one more thread would not fit the CPU budget, or None if it fits (or CPU was not measured)."""
-        used = self._cores(window, measured)
-        if used is None or self._fits(window, measured):
+        if used is None or self._fits(used):
             return None  # one more worker's share fits
         cores, per_thread = used
         if cores <= self.cpu_budget - CPU_SLACK:
