@@ -92,6 +92,19 @@ def planes(
     C-contiguous) written into ``out`` as planes (uint8 ``[3, out_height, out_width]``), mirrored left-right
     with ``flip``. SSSE3 shuffles where the CPU has them (x86-64), a byte loop elsewhere."""
 
+def resample(
+    image: Buffer, height: int, width: int, box: Sequence[float], out: Buffer, out_height: int, out_width: int,
+    flip: bool = False, lut: Buffer | None = None,
+) -> None:
+    """The ``box`` ``(x0, y0, x1, y1)`` (float pixels, taken in single precision) of an RGB image (uint8
+    ``[height, width, 3]``, C-contiguous) resampled to ``out_height`` x ``out_width``: Pillow's bilinear
+    arithmetic (triangle filter widened by the shrink factor, 22-bit fixed-point weights, a horizontal pass
+    rounded to 8 bits over the rows the vertical pass reads, then the vertical pass). Mirrored left-right
+    with ``flip``; written into ``out`` as planes: uint8 ``[3, out_height, out_width]``, or with ``lut``
+    (``[3, 256]`` float32, or float16 bits as uint16) the table's value for each channel and level. The
+    GIL is released for the whole call; ValueError for a box outside the image or buffers of the wrong
+    size, before anything is written."""
+
 def tokens_window(
     indices: Buffer, seq_len: int, starts: Buffer, sources: Sequence[tuple[Buffer, int] | None], itemsize: int,
     input_ids: Buffer, labels: Buffer,

@@ -42,6 +42,11 @@ static PyMethodDef methods[] = {
               "planes(image, height, width, x0, y0, out, out_height, out_width, flip=False) -> None\n\n"
               "Write the out_height x out_width crop at (x0, y0) of an RGB image (uint8 [height, width, 3],\n"
               "C-contiguous) into out as planes (uint8 [3, out_height, out_width]), mirrored left-right with flip."),
+    CH_METHOD(resample,
+              "resample(image, height, width, box, out, out_height, out_width, flip=False, lut=None) -> None\n\n"
+              "The box (x0, y0, x1, y1: float pixels) of an RGB image (uint8 [height, width, 3]) resampled to\n"
+              "out_height x out_width as Pillow's bilinear resize does it, mirrored with flip, written into out as\n"
+              "planes: uint8 [3, out_height, out_width], or through lut (3 x 256 float32 or float16 values) as those."),
     CH_METHOD(tokens_window,
               "tokens_window(indices, seq_len, starts, sources, itemsize, input_ids, labels) -> None\n\n"
               "pack='concat' windows: window w is stream[w*L : w*L + L + 1] of the shards' tokens (uint16 or\n"
@@ -115,7 +120,7 @@ static struct PyModuleDef moduledef = {
     .m_name = "chute._native",
     .m_doc = "chute's native kernels: batch gathers from memory-mapped shards, bulk decoding of\n"
              "variable-length columns into Python objects, the order's Feistel permutation, and images' RGB\n"
-             "interleaved-to-planes copy.",
+             "interleaved-to-planes copy and resample.",
     .m_size = sizeof(NativeState),
     .m_methods = methods,
     .m_slots = slots,

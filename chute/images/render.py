@@ -1,12 +1,15 @@
 """Writing one image of a plan into its slot of the batch: crop or resample, mirror, lay out CHW, normalise.
 
 Each call writes straight into the batch's output block (``uint8[3, h, w]``,
-or float with :class:`Normalize`). The work is the native interleaved-to-planes
-copy (``chute._native.planes``), numpy ufuncs and Pillow's resample, all of
-which release the GIL; torch ops are kept out of the
-per-image path except a float16 cast cut into pieces below torch's intra-op
-grain (see ``chute.pipeline.collate.copy_into`` for why loader threads avoid
-torch's thread pool).
+or float with :class:`Normalize`). A resampled image is one native call
+(``chute._native.resample``: Pillow's bilinear algorithm, the mirror, the
+planes and the normalisation, through a table of 256 values per channel,
+without the GIL); a crop at the source's scale is the native
+interleaved-to-planes copy (``chute._native.planes``) and numpy ufuncs for the
+normalisation. torch ops are kept out of the per-image path except a float16
+cast cut into pieces below torch's intra-op grain (see
+``chute.pipeline.collate.copy_into`` for why loader threads avoid torch's
+thread pool).
 """
 
 from __future__ import annotations
@@ -18,8 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from chute._native import planes
-from chute.images.codec import pillow
+from chute._native import planes, resample
 
 #: ImageNet's channel means and standard deviations (of pixels scaled to [0, 1]), as torchvision uses them.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -56,6 +58,17 @@ class Normalize:
         offset = -np.asarray(self.mean, dtype=np.float64) / std
         return scale.astype(np.float32)[:, None, None], offset.astype(np.float32)[:, None, None]
 
+    def table(self) -> np.ndarray:
+        """The output for each pixel value, per channel: ``[3, 256]`` of float32, or float16's bits as uint16.
+
+        The same float32 operations as :meth:`coefficients` applied to the 256 values (then rounded to
+        float16 to nearest, as torch's cast does), so a lookup gives what the arithmetic gives.
+        """
+        scale, offset = self.coefficients()
+        values = np.arange(256, dtype=np.uint8)[None, :] * scale[:, :, 0]
+        values += offset[:, :, 0]
+        return values if self.dtype == torch.float32 else values.astype(np.float16).view(np.uint16)
+
 
 class Renderer:
     """Writes images into output slots (see the module docstring); one per transform, thread-safe."""
@@ -63,6 +76,7 @@ class Renderer:
     def __init__(self, normalize: Normalize | None) -> None:
         self.normalize = normalize
         self._coefficients = normalize.coefficients() if normalize is not None else None
+        self._table = normalize.table() if normalize is not None else None
         self._local = threading.local()  # a float32 scratch image per thread, for float16 output
 
     def __getstate__(self) -> dict:
@@ -85,11 +99,11 @@ class Renderer:
             pixels = np.ascontiguousarray(pixels.transpose(1, 2, 0))
         elif not pixels.flags.c_contiguous:
             pixels = np.ascontiguousarray(pixels)
-        image = pillow()
+        target = dst if dst.flags.c_contiguous else np.empty(dst.shape, dst.dtype)
         h, w = pixels.shape[:2]
-        source = image.frombuffer("RGB", (w, h), pixels, "raw", "RGB", 0, 1)
-        resampled = np.asarray(source.resize((int(out[1]), int(out[0])), image.BILINEAR, box=tuple(float(v) for v in box)))
-        self._planes(resampled, 0, 0, int(out[0]), int(out[1]), flip, dst)
+        resample(pixels, h, w, tuple(float(v) for v in box), target, int(out[0]), int(out[1]), flip, self._table)
+        if target is not dst:
+            np.copyto(dst, target)
 
     def _planes(self, rgb: np.ndarray, x0: int, y0: int, h: int, w: int, flip: bool, dst: np.ndarray) -> None:
         """Write the ``h`` x ``w`` crop at ``(x0, y0)`` of ``rgb`` (``[H, W, 3]``) into ``dst``: laid out as planes
