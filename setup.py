@@ -1,4 +1,5 @@
-"""The native extension, chute._native: every C file in chute/_csrc, compiled when chute is installed.
+"""The native extensions, compiled when chute is installed: chute._native (every C file in chute/_csrc)
+and, where the system's libjpeg-turbo headers are present, chute._jpeg (partial JPEG decoding).
 
 Everything else about the package is in pyproject.toml; the extension is here
 because setuptools' ``[tool.setuptools.ext-modules]`` table is still
@@ -22,6 +23,16 @@ setup(
             sources=sorted(glob("chute/_csrc/*.c")),
             depends=sorted(glob("chute/_csrc/*.h")),
             extra_compile_args=["-O3", "-fvisibility=hidden"],
-        )
+        ),
+        # Partial JPEG decoding against the system's libjpeg-turbo (Debian/Ubuntu: libjpeg-turbo8-dev or
+        # libjpeg62-turbo-dev). Optional: without the headers the install goes on and chute.images decodes
+        # whole images with simplejpeg.
+        Extension(
+            "chute._jpeg",
+            sources=["chute/_jpegsrc/jpeg.c"],
+            libraries=["jpeg"],
+            extra_compile_args=["-O3", "-fvisibility=hidden"],
+            optional=True,
+        ),
     ]
 )

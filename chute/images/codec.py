@@ -12,6 +12,15 @@ caller may ask for a decode at 1/2, 1/4 or 1/8 (``scale``): ``Decode`` does when
 the crop keeps the output's resolution at that scale (docs/images.md gives the
 pixel difference this makes).
 
+A JPEG of which only a box is needed is decoded in part when chute's own
+libjpeg-turbo binding was built (``chute._jpeg``: at install time, where the
+system's libjpeg-turbo headers are present; otherwise the whole image is
+decoded with simplejpeg): the rows above the box are only entropy-decoded, those
+below it not read at all, and the inverse DCT and colour conversion run on the
+iMCU columns the box touches (:meth:`Decoder.decode_region`). Its pixels are a
+full decode's, except a cut edge's outermost column (smooth chroma upsampling
+lacks its neighbour there), which the caller keeps out of the box.
+
 Other formats (PNG, WebP, BMP, GIF, TIFF) and JPEGs simplejpeg does not
 handle (CMYK, YCCK) go through Pillow, which holds the GIL for part of the
 work. Everything comes out as RGB: grey and palette images are expanded,
@@ -21,8 +30,11 @@ loaders do not).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import io
 import threading
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -53,6 +65,15 @@ def pillow() -> Any:
     except ImportError:
         raise MissingCodecError("chute.images decodes non-JPEG images with Pillow, which is not installed: pip install 'chute[images]'") from None
     return Image
+
+
+@functools.cache
+def partial_decoder() -> ModuleType | None:
+    """``chute._jpeg`` (partial JPEG decoding), or None where it was not built (no libjpeg-turbo headers at install)."""
+    try:
+        return importlib.import_module("chute._jpeg")
+    except ImportError:
+        return None
 
 
 def is_jpeg(data: Any) -> bool:
@@ -120,3 +141,23 @@ class Decoder:
                     )
                 return codec.decode_jpeg(data, buffer=buffer)
         return decode_pillow(data)
+
+    def decode_region(self, data: Any, scale: int, x0: int, y0: int, x1: int, y1: int) -> tuple[np.ndarray, int, int] | None:
+        """Rows ``[y0, y1)`` and at least columns ``[x0, x1)`` of the JPEG ``data`` decoded at 1/``scale``
+        (1, 2, 4 or 8; coordinates in the scaled image), as ``(pixels, left, top)``: ``uint8[h, w, 3]``, valid
+        until this thread's next call, whose pixel ``(0, 0)`` is ``(left, top)`` of the scaled image.
+
+        The columns are widened to whole iMCUs on the left; where a side is cut (not the image's edge), its
+        outermost column is not a full decode's (smooth chroma upsampling lacks the neighbour): ask for one
+        column more than is needed on such a side. None where partial decoding does not apply: not a JPEG,
+        ``fast`` mode, no ``chute._jpeg``, or a colour space only Pillow turns into RGB.
+        """
+        module = partial_decoder()
+        if module is None or self.fast or not is_jpeg(data):
+            return None
+        h, w, colour, _ = simplejpeg().decode_jpeg_header(data)
+        if colour in _PILLOW_JPEG:
+            return None
+        buffer = self._buffer(-(-h // scale) * -(-w // scale) * 3)
+        left, top, width, rows = module.decode_region(data, buffer, scale, x0, y0, x1, y1)
+        return buffer[:rows * width * 3].reshape(rows, width, 3), left, top

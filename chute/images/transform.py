@@ -123,25 +123,19 @@ class Decode:
         h, w = self.size
         out = ctx.take((n, 3, h, w), self.dtype)
         slots = out.numpy()
-        render, decode = self.renderer.render, self.decoder.decode
+        render = self.renderer.render
         fast = self.fast and not stored
         scales = dct_scale(sizes, plan.box, plan.out) if self.scaled and not fast and not stored else None
         failed = set(ctx.skipped)
         for j in range(n):
             if j in failed:
                 continue
-            box = plan.box[j]
             try:
                 if stored:
-                    pixels = images[j]
+                    pixels, box = images[j], plan.box[j]
                 else:
-                    if scales is not None:
-                        pixels = decode(images[j], scale=int(scales[j]))
-                    else:
-                        pixels = decode(images[j], _min_size(sizes[j], box, plan.out[j]) if fast else (0, 0))
-                    if pixels.shape[0] != sizes[j][0] or pixels.shape[1] != sizes[j][1]:  # scaled in the DCT
-                        box = box * np.array([pixels.shape[1] / sizes[j][1], pixels.shape[0] / sizes[j][0]] * 2)
-                        integral[j] = False
+                    pixels, box, rescaled = self._decode(images[j], sizes[j], plan.box[j], plan.out[j], None if scales is None else int(scales[j]))
+                    integral[j] &= not rescaled
                 render(pixels, box, (h, w), bool(plan.flip[j]), bool(integral[j]), slots[j], chw=stored)
             except Exception as exc:
                 ctx.fail(j, f"cannot decode the image in column {self.column!r}", exc)
@@ -150,6 +144,26 @@ class Decode:
         if ctx.skipped:
             return _without(batch, sorted(set(ctx.skipped)), n)
         return batch
+
+    def _decode(self, data: Any, size: np.ndarray, box: np.ndarray, out: np.ndarray, scale: int | None) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``(pixels, box, rescaled)``: the decoded pixels that hold ``box``, the box in their coordinates, and
+        whether they are at another scale than the source (then no crop is a plain copy).
+
+        ``scale`` (accurate mode): the DCT reduction; only the region around the box is decoded where that
+        is possible (:func:`_region`). None: fast mode, or a whole decode.
+        """
+        if scale is not None:
+            part = _region(size, box, out, scale)
+            got = None if part is None else self.decoder.decode_region(data, scale, *part[1])
+            if part is not None and got is not None:
+                pixels, left, top = got
+                return pixels, part[0] - np.array([left, top, left, top], dtype=np.float64), scale > 1
+            pixels = self.decoder.decode(data, scale=scale)
+        else:
+            pixels = self.decoder.decode(data, _min_size(size, box, out) if self.fast else (0, 0))
+        if pixels.shape[0] != size[0] or pixels.shape[1] != size[1]:  # scaled in the DCT
+            return pixels, box * np.array([pixels.shape[1] / size[1], pixels.shape[0] / size[0]] * 2), True
+        return pixels, box, False
 
 
 def _images(column: Any) -> tuple[Sequence[Any] | np.ndarray, bool]:
@@ -168,6 +182,25 @@ def _images(column: Any) -> tuple[Sequence[Any] | np.ndarray, bool]:
         data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
         return [data[offsets[j]:offsets[j + 1]] for j in range(len(column))], False
     return column, False
+
+
+def _region(size: np.ndarray, box: np.ndarray, out: np.ndarray, scale: int) -> tuple[np.ndarray, tuple[int, int, int, int]] | None:
+    """For a decode of part of an image at 1/``scale``: ``(box, (x0, y0, x1, y1))``, the box in the scaled
+    image and the pixels to decode, or None when that is the whole image.
+
+    The region is the box widened by what the resample reads around it (the bilinear filter's support,
+    the box / output ratio when shrinking, plus one for rounding) and one column more on each side for
+    the cut edge's column a partial decode does not give exactly (:meth:`Decoder.decode_region`).
+    """
+    h, w = -(-int(size[0]) // scale), -(-int(size[1]) // scale)
+    scaled = box * np.array([w / size[1], h / size[0]] * 2)
+    margin_x = int(np.ceil(max(1.0, (scaled[2] - scaled[0]) / out[1]))) + 2
+    margin_y = int(np.ceil(max(1.0, (scaled[3] - scaled[1]) / out[0]))) + 1
+    x0, y0 = max(0, int(np.floor(scaled[0])) - margin_x), max(0, int(np.floor(scaled[1])) - margin_y)
+    x1, y1 = min(w, int(np.ceil(scaled[2])) + margin_x), min(h, int(np.ceil(scaled[3])) + margin_y)
+    if x0 == 0 and y0 == 0 and x1 == w and y1 == h:
+        return None
+    return scaled, (x0, y0, x1, y1)
 
 
 def _min_size(size: np.ndarray, box: np.ndarray, out: np.ndarray) -> tuple[int, int]:

@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
 from chute.images.codec import Decoder, decode_pillow, image_size
 from tests.images._data import encode, jpeg, pixels
@@ -82,3 +83,18 @@ def test_a_missing_simplejpeg_is_named_with_the_extra_to_install():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert out.startswith("MissingCodecError") and "pip install 'chute[images]'" in out
+
+
+def test_without_the_partial_decoder_crops_decode_whole_images(monkeypatch):
+    # where chute._jpeg was not built (no libjpeg-turbo headers at install): the same crops, whole decodes
+    from chute.images import DecodeCrop, codec
+    from chute.pipeline.transform import BatchContext
+
+    images = [encode(pixels(i, 300, 400)) for i in range(6)]
+    ctx = lambda: BatchContext(np.arange(6), 0, 3, None)  # noqa: E731
+    # 160 px from at most 400 x 300: no box is twice the output, so no DCT scale either
+    whole = DecodeCrop("jpg", 160, scale=(0.1, 0.9), scaled=False).transform_batch({"jpg": images}, ctx())["jpg"]
+    monkeypatch.setattr(codec, "partial_decoder", lambda: None)
+    assert Decoder().decode_region(images[0], 1, 0, 0, 8, 8) is None
+    got = DecodeCrop("jpg", 160, scale=(0.1, 0.9)).transform_batch({"jpg": images}, ctx())["jpg"]
+    assert torch.equal(got, whole)
