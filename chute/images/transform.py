@@ -9,9 +9,10 @@ in the worker, it
    random numbers ``ctx.random(k)`` (a function of ``(seed, epoch, row)``),
 3. takes one output block ``[n, 3, h, w]`` from the Loader's pool
    (``ctx.take``: reused, pinned for a CUDA device),
-4. for each image: decodes it into the thread's reused buffer (simplejpeg,
-   GIL released), crops or resamples it, mirrors it, and writes it CHW
-   (normalised, with :class:`Normalize`) into its slot of the block,
+4. for each image: decodes it, or only the region its box needs, into the
+   thread's reused buffer (chute._jpeg or simplejpeg, GIL released), crops or
+   resamples it, mirrors it, and writes it CHW (normalised, with
+   :class:`Normalize`) into its slot of the block,
 
 and returns the batch with the column replaced by the block. No per-image
 tensor, no collate copy. The other columns pass through.
@@ -46,8 +47,9 @@ class Decode:
     the source box (docs/images.md). ``scaled=True`` (the default, accurate
     mode): a JPEG whose crop box is at least 2, 4 or 8 times the output in
     both directions is decoded at 1/2, 1/4 or 1/8 in the DCT (:func:`dct_scale`),
-    within the pixel tolerance docs/images.md states; ``scaled=False`` always
-    decodes in full.
+    within the pixel tolerance docs/images.md states, and only the region
+    around the box is decoded where ``chute._jpeg`` was built (within one level
+    of a whole decode); ``scaled=False`` always decodes whole images in full.
     """
 
     #: Its work per image (decode, resize, crop, normalize) runs in native code without the GIL, on all
@@ -249,7 +251,7 @@ def DecodeCrop(  # noqa: N802 (a constructor in the shape users call it)
     * ``DecodeCrop("jpg", 224, scale=(0.08, 1.0))``: a random-resized crop (``ratio`` its aspect range; ImageNet training);
     * ``flip=True`` adds a random horizontal flip; ``normalize=True`` (ImageNet's mean and std, float32)
       or a :class:`Normalize` gives floats instead of uint8;
-    * ``scaled=False`` decodes every JPEG in full (see :class:`Decode`).
+    * ``scaled=False`` decodes every JPEG whole and in full (see :class:`Decode`).
     """
     ops: list[Any] = []
     if resize is not None:
