@@ -174,34 +174,69 @@ static void horizontal_row(const uint8_t *s, const Coeffs *h, int64_t ow, uint8_
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <smmintrin.h>
-#define RS_SSE41 1
+#include <immintrin.h>
+#define RS_SIMD 1
 
-/* horizontal_row with the three channels of a pixel in one vector: each tap loads 4 bytes (the pixel
- * and the next one's first, whose lane is ignored), widens them to 32 bits and adds them times the
- * weight; packing with saturation is clip8. `end` is the end of the image: the pixel at its very end
- * is read 3 bytes at a time. */
-__attribute__((target("sse4.1"))) static void horizontal_row_sse41(const uint8_t *s, const Coeffs *h, int64_t ow,
-                                                                   uint8_t *d, const uint8_t *end)
+/* The 3 bytes of the pixel at p as the low bytes of an int (the 4th byte: the next pixel's, whose lane
+ * is ignored, or 0 at the end of the image); 0 past the end (its weight is 0: see horizontal_row_avx2). */
+static inline int32_t pixel_bytes(const uint8_t *p, const uint8_t *end)
+{
+    int32_t v = 0;
+    if (CH_UNLIKELY(p + 4 > end)) {
+        if (p + 3 <= end)
+            v = p[0] | p[1] << 8 | p[2] << 16;
+    } else {
+        memcpy(&v, p, 4);
+    }
+    return v;
+}
+
+/* Output pixels [from, ow) of horizontal_row with the three channels of a pixel in one vector: per tap
+ * the pixel widened to 32 bits, times the weight, added; shifting and packing with saturation is clip8. */
+__attribute__((target("sse4.1"))) static void horizontal_row_sse41(const uint8_t *s, const Coeffs *h, int64_t from,
+                                                                   int64_t ow, uint8_t *d, const uint8_t *end)
 {
     const __m128i half = _mm_set1_epi32(INT32_C(1) << (RS_BITS - 1));
-    for (int64_t xx = 0; xx < ow; xx++) {
+    for (int64_t xx = from; xx < ow; xx++) {
         const uint8_t *p = s + 3 * (int64_t)h->bounds[2 * xx];
         const int32_t *k = h->k + xx * h->ksize;
         int n = h->bounds[2 * xx + 1];
         __m128i acc = half;
-        for (int x = 0; x < n; x++, p += 3) {
-            int32_t v;
-            if (CH_UNLIKELY(p + 4 > end))
-                v = p[0] | p[1] << 8 | p[2] << 16;
-            else
-                memcpy(&v, p, 4);
-            acc = _mm_add_epi32(acc, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(v)), _mm_set1_epi32(k[x])));
-        }
+        for (int x = 0; x < n; x++, p += 3)
+            acc = _mm_add_epi32(acc, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(pixel_bytes(p, end))),
+                                                     _mm_set1_epi32(k[x])));
         acc = _mm_srai_epi32(acc, RS_BITS);
         int32_t out = _mm_cvtsi128_si32(_mm_packus_epi16(_mm_packs_epi32(acc, acc), acc));
         memcpy(d + 3 * xx, &out, 3);
     }
+}
+
+/* Two output pixels at a time in the two halves of a 256-bit vector. Both run the larger number of
+ * taps: the shorter one's weights are 0 past its own (Coeffs pads them), and its pixels there are
+ * read within the image or as 0. */
+__attribute__((target("avx2"))) static void horizontal_row_avx2(const uint8_t *s, const Coeffs *h, int64_t ow,
+                                                                uint8_t *d, const uint8_t *end)
+{
+    const __m256i half = _mm256_set1_epi32(INT32_C(1) << (RS_BITS - 1));
+    int64_t xx = 0;
+    for (; xx + 2 <= ow; xx += 2) {
+        const uint8_t *pa = s + 3 * (int64_t)h->bounds[2 * xx], *pb = s + 3 * (int64_t)h->bounds[2 * xx + 2];
+        const int32_t *ka = h->k + xx * h->ksize, *kb = ka + h->ksize;
+        int n = h->bounds[2 * xx + 1] > h->bounds[2 * xx + 3] ? h->bounds[2 * xx + 1] : h->bounds[2 * xx + 3];
+        __m256i acc = half;
+        for (int x = 0; x < n; x++, pa += 3, pb += 3) {
+            __m256i v = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, pixel_bytes(pb, end), pixel_bytes(pa, end)));
+            __m256i w = _mm256_set_m128i(_mm_set1_epi32(kb[x]), _mm_set1_epi32(ka[x]));
+            acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(v, w));
+        }
+        acc = _mm256_srai_epi32(acc, RS_BITS);
+        __m256i packed = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
+        int32_t a = _mm_cvtsi128_si32(_mm256_castsi256_si128(packed));
+        int32_t b = _mm_cvtsi128_si32(_mm256_extracti128_si256(packed, 1));
+        memcpy(d + 3 * xx, &a, 3);
+        memcpy(d + 3 * xx + 3, &b, 3);
+    }
+    horizontal_row_sse41(s, h, xx, ow, d, end);
 }
 #endif
 
@@ -227,21 +262,26 @@ static int resample_run(const Job *job)
         if (tmp == NULL)
             goto done;
         const uint8_t *end = job->src + job->height * job->width * 3;
-        int sse41 = 0;
-#ifdef RS_SSE41
-        sse41 = __builtin_cpu_supports("sse4.1");
+        int simd = 0;
+#ifdef RS_SIMD
+        simd = __builtin_cpu_supports("avx2") ? 2 : __builtin_cpu_supports("sse4.1") ? 1 : 0;
 #endif
         for (int64_t y = first; y < last; y++) {
             const uint8_t *s = job->src + y * job->width * 3;
-#ifdef RS_SSE41
-            if (sse41) {
-                horizontal_row_sse41(s, &h, ow, tmp + (y - first) * line, end);
+            uint8_t *d = tmp + (y - first) * line;
+#ifdef RS_SIMD
+            if (simd == 2) {
+                horizontal_row_avx2(s, &h, ow, d, end);
+                continue;
+            }
+            if (simd == 1) {
+                horizontal_row_sse41(s, &h, 0, ow, d, end);
                 continue;
             }
 #endif
             (void)end;
-            (void)sse41;
-            horizontal_row(s, &h, ow, tmp + (y - first) * line);
+            (void)simd;
+            horizontal_row(s, &h, ow, d);
         }
         rows_in = tmp;
     }

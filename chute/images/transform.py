@@ -23,6 +23,7 @@ skips step 1's header and step 4's decode.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -195,13 +196,15 @@ def _region(size: np.ndarray, box: np.ndarray, out: np.ndarray, scale: int) -> t
     the cut edge's column a partial decode does not give exactly (:meth:`Decoder.decode_region`).
     """
     h, w = -(-int(size[0]) // scale), -(-int(size[1]) // scale)
-    scaled = box * np.array([w / size[1], h / size[0]] * 2)
-    margin_x = int(np.ceil(max(1.0, (scaled[2] - scaled[0]) / out[1]))) + 2
-    margin_y = int(np.ceil(max(1.0, (scaled[3] - scaled[1]) / out[0]))) + 1
-    x0, y0 = max(0, int(np.floor(scaled[0])) - margin_x), max(0, int(np.floor(scaled[1])) - margin_y)
-    x1, y1 = min(w, int(np.ceil(scaled[2])) + margin_x), min(h, int(np.ceil(scaled[3])) + margin_y)
+    sx, sy = w / int(size[1]), h / int(size[0])
+    bx0, by0, bx1, by1 = float(box[0]) * sx, float(box[1]) * sy, float(box[2]) * sx, float(box[3]) * sy
+    margin_x = math.ceil(max(1.0, (bx1 - bx0) / int(out[1]))) + 2
+    margin_y = math.ceil(max(1.0, (by1 - by0) / int(out[0]))) + 1
+    x0, y0 = max(0, math.floor(bx0) - margin_x), max(0, math.floor(by0) - margin_y)
+    x1, y1 = min(w, math.ceil(bx1) + margin_x), min(h, math.ceil(by1) + margin_y)
     if x0 == 0 and y0 == 0 and x1 == w and y1 == h:
         return None
+    scaled = np.array([bx0, by0, bx1, by1])
     return scaled, (x0, y0, x1, y1)
 
 
