@@ -4,11 +4,12 @@
  *
  * The arithmetic is the published algorithm of Pillow's Image.resize(size, BILINEAR, box=...)
  * (separable triangle filter widened by the shrink factor, weights normalised per output pixel
- * and rounded to 22-bit fixed point, the box in single precision, a horizontal pass over the rows the vertical pass needs,
- * rounded to 8 bits, then the vertical pass), so its pixels are Pillow's exactly
- * (tests/images/test_resample.py compares them). Pillow itself would need the image copied into
- * its 4-byte pixels, a resize over 4 channels, a copy back out and the planes and normalisation
- * done apart: about three times the work at ImageNet sizes.
+ * and rounded to 22-bit fixed point, the box in single precision, a horizontal pass over the
+ * rows the vertical pass needs, rounded to 8 bits, then the vertical pass): its values equal a
+ * numpy implementation of that arithmetic and are within one level of Pillow 13's, which runs
+ * the two passes in either order (tests/native/test_resample.py). Pillow itself would need the
+ * image copied into its 4-byte pixels, a resize over 4 channels, a copy back out and the planes
+ * and normalisation done apart: 1.6 ms per ImageNet-sized crop here against 0.5-1.0 ms.
  *
  * The normalisation is a table of 256 values per channel (float32 or float16 bits), so
  * ``(pixel / 255 - mean) / std`` costs one load per value and gives exactly what the float
@@ -129,7 +130,7 @@ static void store_row(const Job *job, int64_t yy, const uint8_t *v)
     }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) /* target_clones: gcc */
 #define RS_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define RS_CLONES

@@ -17,8 +17,10 @@
 
 #include <jpeglib.h>
 
-#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) && JPEG_LIB_VERSION < 62
-#error "chute._jpeg needs libjpeg-turbo"
+/* jpeg_skip_scanlines() and jpeg_crop_scanline() came with libjpeg-turbo 1.5: without them the optional
+ * extension is not built, and chute.images decodes whole images. */
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 1005000
+#error "chute._jpeg needs libjpeg-turbo 1.5 or later"
 #endif
 
 struct fail {
@@ -27,13 +29,15 @@ struct fail {
     char message[JMSG_LENGTH_MAX];
 };
 
-static void on_error(j_common_ptr cinfo) {
+static void on_error(j_common_ptr cinfo)
+{
     struct fail *f = (struct fail *)cinfo->err;
     (*cinfo->err->format_message)(cinfo, f->message);
     longjmp(f->jump, 1);
 }
 
-static void on_message(j_common_ptr cinfo, int level) {
+static void on_message(j_common_ptr cinfo, int level)
+{
     if (level < 0) on_error(cinfo); /* a warning: corrupt data */
 }
 
@@ -42,7 +46,7 @@ PyDoc_STRVAR(decode_region_doc,
 "Decode the JPEG ``data`` at 1/``scale`` (1, 2, 4 or 8) as RGB, only rows ``[y0, y1)`` and at least\n"
 "columns ``[x0, x1)`` of the scaled image, into ``out`` (a writable buffer of bytes), as rows of\n"
 "``width`` pixels. Returns where the decoded block lies in the scaled image: columns are widened\n"
-"to whole iMCUs, so ``left <= x0`` and ``left + width >= x1``; ``top == y0``.\n"
+"to whole iMCUs on the left, so ``left <= x0`` and ``left + width == x1``; ``top == y0``.\n"
 "ValueError for data libjpeg cannot decode (its message) or a region outside the image.");
 
 struct region {
@@ -57,8 +61,10 @@ struct region {
 /* The decode, without the GIL. Returns NULL or what went wrong (libjpeg's message lives in *fail).
  * Everything that must survive a longjmp out of libjpeg is written through r or fail, not kept in
  * locals of this frame. */
-static const char *run(struct jpeg_decompress_struct *cinfo, struct fail *fail, struct region *r) {
+static const char *run(struct jpeg_decompress_struct *cinfo, struct fail *fail, struct region *r)
+{
     if (setjmp(fail->jump)) return fail->message[0] ? fail->message : "libjpeg failed without a message";
+    jpeg_create_decompress(cinfo); /* inside: it fails through error_exit, e.g. on a library of another version */
     jpeg_mem_src(cinfo, r->data, r->size);
     jpeg_read_header(cinfo, TRUE);
     cinfo->out_color_space = JCS_RGB;
@@ -75,14 +81,16 @@ static const char *run(struct jpeg_decompress_struct *cinfo, struct fail *fail, 
     Py_ssize_t row_bytes = (Py_ssize_t)r->width * 3;
     if (row_bytes * (Py_ssize_t)(r->y1 - r->y0) > r->capacity) return "the output buffer is too small for the region";
     if (r->y0 > 0) jpeg_skip_scanlines(cinfo, r->y0);
-    for (unsigned char *row = r->out + 0; cinfo->output_scanline < r->y1; row += row_bytes) {
+    for (unsigned char *row = r->out; cinfo->output_scanline < r->y1; row += row_bytes) {
         JSAMPROW rows[1] = {row};
         if (jpeg_read_scanlines(cinfo, rows, 1) != 1) return "the JPEG data ended before the region's last row";
     }
     return NULL;
 }
 
-static PyObject *decode_region(PyObject *self, PyObject *args) {
+static PyObject *decode_region(PyObject *self, PyObject *args)
+{
+    (void)self;
     Py_buffer data, out;
     struct region r;
     int scale;
@@ -108,9 +116,8 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     fail.mgr.error_exit = on_error;
     fail.mgr.emit_message = on_message;
     Py_BEGIN_ALLOW_THREADS
-    jpeg_create_decompress(&cinfo);
     problem = run(&cinfo, &fail, &r);
-    jpeg_destroy_decompress(&cinfo);
+    jpeg_destroy_decompress(&cinfo); /* frees what it allocated; nothing if the create itself failed */
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&data);
@@ -133,4 +140,7 @@ static struct PyModuleDef module = {
     -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__jpeg(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__jpeg(void)
+{
+    return PyModule_Create(&module);
+}
