@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from chute.errors import RemoteError
 from chute.observe import inflight
-from chute.storage import s3, stream
+from chute.storage import http as http_get, s3, stream
 from chute.storage.stream import Floor, RangeIgnored, SlowTransfer
 
 log = logging.getLogger("chute")
@@ -229,6 +229,8 @@ class Remote:
         self._fs_pid = 0
         self._s3: Any = None  # botocore's client for GETs (chute/storage/s3.py), False where it does not apply
         self._s3_pid = 0
+        self._http: Any = None  # keep-alive connections for GETs (chute/storage/http.py), False where it does not apply
+        self._http_pid = 0
         self._path = ""
         self._lock = threading.Lock()
         self._rng = random.Random()
@@ -309,6 +311,8 @@ class Remote:
             wakers = [wake for _, wake in self._wakers]
         for wake in wakers:
             wake()
+        if self._http:
+            self._http.close()
 
     def cancel(self, event: threading.Event) -> None:
         """Set ``event`` (see :meth:`cancelled_by`) and wake the streamed requests it stops, at once."""
@@ -437,12 +441,30 @@ class Remote:
                     self._s3_pid = os.getpid()
         return self._s3 or None
 
+    @property
+    def http_connections(self) -> http_get.Connections | None:
+        """Keep-alive connections for this dataset's HTTP GETs (chute/storage/http.py), or None: the
+        fsspec path. Made once per process (connections are not fork-safe)."""
+        if self.protocol not in ("http", "https"):
+            return None
+        if self._http is None or self._http_pid != os.getpid():
+            with self._lock:
+                if self._http is None or self._http_pid != os.getpid():
+                    applies = http_get.applies(self.storage_options)
+                    self._http = http_get.Connections(self.storage_options.get("headers")) if applies else False
+                    self._http_pid = os.getpid()
+        return self._http or None
+
     def _get(self, path: str, url: str, start: int | None, length: int | None,
              sink: Callable[[int, list[bytes]], None]) -> int:
-        """One streamed GET (chute/storage/s3.py for S3, else chute/storage/stream.py) into ``sink``;
-        the bytes received."""
+        """One streamed GET (chute/storage/s3.py for S3, chute/storage/http.py for HTTP, else
+        chute/storage/stream.py) into ``sink``; the bytes received."""
         with self._lock:
             self.requests += 1
+        connections = self.http_connections
+        if connections is not None:
+            return http_get.get(connections, path, start, length, sink, floor=self.retry.floor,
+                                cancelled=self.cancelled, on_cancel=self._on_cancel)
         client = self.s3_client
         if client is not None:
             bucket, key, version = self.fs.split_path(path)

@@ -38,6 +38,14 @@ def reference(tmp_path_factory) -> tuple[str, list[dict]]:
     return root, local_epochs(root, 2)
 
 
+@pytest.fixture(params=["stdlib", "fsspec"])
+def http_client(request, monkeypatch) -> str:
+    """Which client makes the HTTP GETs: chute's own (chute/storage/http.py, the default) or fsspec's
+    aiohttp loop (storage options only aiohttp takes, or CHUTE_HTTP_CLIENT=fsspec). Both must hold."""
+    monkeypatch.setenv("CHUTE_HTTP_CLIENT", request.param)
+    return request.param
+
+
 @pytest.fixture
 def served(http_server, reference) -> tuple[str, chute.Dataset]:
     """The reference dataset written again under the HTTP server's root; its URL."""
@@ -84,9 +92,10 @@ def test_cli_convert_to_s3_then_read_back(moto_s3, s3_bucket, tmp_path):
     assert keys == {"converted/manifest.json"} | {f"converted/{s.file}" for s in ds.manifest.shards}
 
 
-def test_http_epochs_equal_local_epochs(http_server, served, reference, tmp_path):
+def test_http_epochs_equal_local_epochs(http_server, served, reference, tmp_path, http_client):
     _, want = reference
     ds = chute.open(served, cache_dir=tmp_path / "cache")
+    assert (ds.cache.remote.http_connections is not None) == (http_client == "stdlib")
     assert ds.root == served and len(ds) == 4000
     ld = loader(ds)
     for epoch in range(2):
@@ -131,7 +140,7 @@ def test_server_stopped_mid_epoch_and_restarted(http_server, served, reference, 
     assert chute_threads() == []
 
 
-def test_every_third_request_fails_with_500(http_server, served, reference, tmp_path):
+def test_every_third_request_fails_with_500(http_server, served, reference, tmp_path, http_client):
     _, want = reference
     http_server.fail_every(3)
     ds = chute.open(served, cache_dir=tmp_path / "cache")
@@ -143,7 +152,7 @@ def test_every_third_request_fails_with_500(http_server, served, reference, tmp_
     assert sum(shard_gets(http_server, status=200).values()) == len(ds.shards)
 
 
-def test_truncated_download_is_retried(http_server, served, reference, tmp_path):
+def test_truncated_download_is_retried(http_server, served, reference, tmp_path, http_client):
     _, want = reference
     http_server.truncate(r"shard-\d+", times=1)
     ds = chute.open(served, cache_dir=tmp_path / "cache")
@@ -353,7 +362,7 @@ def test_a_server_that_refuses_connections_from_the_start_fails_at_once(http_ser
         chute.open(url, cache_dir=tmp_path / "cache")
 
 
-def test_a_server_that_ignores_range_requests_gets_whole_object_downloads(http_server, served, reference, tmp_path, caplog):
+def test_a_server_that_ignores_range_requests_gets_whole_object_downloads(http_server, served, reference, tmp_path, http_client, caplog):
     """Like `python -m http.server`: a ranged GET is answered 200 with the whole file."""
     import logging
 

@@ -13,7 +13,7 @@ import pytest
 
 import chute
 from chute.order import Order
-from chute.storage import stream
+from chute.storage import http as http_get, stream
 from chute.storage.remote import StreamHash
 from tests.servers import s3_storage_options
 from tests.storage._helpers import (
@@ -52,15 +52,14 @@ def on_s3(moto_s3, s3_bucket, s3_proxy, tmp_path) -> tuple[str, dict]:
 
 
 def _download_threads(monkeypatch) -> list[str]:
-    """The names of the threads that make streamed GETs from now on."""
+    """The names of the threads that make streamed GETs from now on (fsspec's path and chute's HTTP client)."""
     names: list[str] = []
-    real = stream.get
+    for module in (stream, http_get):
+        def spy(*args, real=module.get, **kwargs):
+            names.append(threading.current_thread().name)
+            return real(*args, **kwargs)
 
-    def spy(*args, **kwargs):
-        names.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(stream, "get", spy)
+        monkeypatch.setattr(module, "get", spy)
     return names
 
 
