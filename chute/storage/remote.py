@@ -425,7 +425,8 @@ class Remote:
                        f"bytes/s over {floor.window:g} s; min_speed=0 turns it off)")
         if any("Timeout" in e or "timed out" in e for e in errors) and self.protocol in ("http", "https"):
             advice += ("; HTTP reads time out after 60 s without data: raise it with storage_options="
-                       "{'client_kwargs': {'timeout': aiohttp.ClientTimeout(sock_read=SECONDS)}}")
+                       "{'client_kwargs': {'timeout': aiohttp.ClientTimeout(sock_read=SECONDS)}} (requests then go "
+                       "through fsspec's aiohttp client)")
         return advice
 
     @property
