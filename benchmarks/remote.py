@@ -101,12 +101,16 @@ def ceiling_fsspec(url: str, names: list[str], threads: int = 8) -> float:
     return time.perf_counter() - start
 
 
-def ceiling_boto3(endpoint: str, bucket: str, prefix: str, names: list[str], threads: int = 8) -> float:
-    """Seconds to GET every object once with boto3 ``get_object``, ``threads`` at a time."""
+def boto3_client(endpoint: str, threads: int = 8):
+    """A boto3 S3 client for ``endpoint``, made before any clock or CPU count starts (as chute's is, at open)."""
     import boto3
     import botocore.config
 
-    client = boto3.client("s3", endpoint_url=endpoint, config=botocore.config.Config(max_pool_connections=threads))
+    return boto3.client("s3", endpoint_url=endpoint, config=botocore.config.Config(max_pool_connections=threads))
+
+
+def ceiling_boto3(client, bucket: str, prefix: str, names: list[str], threads: int = 8) -> float:
+    """Seconds to GET every object once with boto3 ``get_object``, ``threads`` at a time."""
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         for data in pool.map(lambda n: client.get_object(Bucket=bucket, Key=f"{prefix}/{n}")["Body"].read(), names):
@@ -114,12 +118,19 @@ def ceiling_boto3(endpoint: str, bucket: str, prefix: str, names: list[str], thr
     return time.perf_counter() - start
 
 
-def ceiling_chute(url: str, names: list[str], sizes: list[int], work: str, threads: int = 8) -> float:
-    """Seconds for chute's own downloads of every object, ``threads`` at a time, as the node cache makes
-    them (Remote.download into a file, hashed as the bytes arrive)."""
+def chute_remote(url: str):
+    """chute's Remote for ``url`` with its client made (botocore's for S3), before any clock or CPU count
+    starts: a dataset makes it when it is opened."""
     from chute.storage.remote import Remote
 
     remote = Remote(url)
+    _ = remote.s3_client, remote.http_connections
+    return remote
+
+
+def ceiling_chute(remote, names: list[str], sizes: list[int], work: str, threads: int = 8) -> float:
+    """Seconds for chute's own downloads of every object, ``threads`` at a time, as the node cache makes
+    them (Remote.download into a file, hashed as the bytes arrive)."""
     os.makedirs(work, exist_ok=True)
 
     def one(k: int) -> None:
@@ -248,7 +259,8 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
         for _ in range(args.runs):
             runs = {"fsspec": with_cpu(lambda: ceiling_fsspec(url, names), pid)}
             if server == "s3":
-                runs["boto3"] = with_cpu(lambda: ceiling_boto3(proc.endpoint_url, "bench", "ds", names), pid)
+                client = boto3_client(proc.endpoint_url)
+                runs["boto3"] = with_cpu(lambda: ceiling_boto3(client, "bench", "ds", names), pid)
             clients = {client: size / run[0] / 1e6 for client, run in runs.items()}
             for client, rate in clients.items():
                 rows[f"ceiling_{client}_MBps"].append(rate)
@@ -256,7 +268,9 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
             rows["ceiling_MBps"].append(clients[best])
             rows["ceiling_cpu_client"].append(runs[best][1] * per_gb)
             rows["ceiling_cpu_server"].append(runs[best][2] * per_gb)
-            seconds, client_cpu, server_cpu = with_cpu(lambda: ceiling_chute(url, names, sizes, os.path.join(work, "dl")), pid)
+            remote = chute_remote(url)
+            seconds, client_cpu, server_cpu = with_cpu(lambda: ceiling_chute(remote, names, sizes, os.path.join(work, "dl")), pid)
+            remote.close()
             rows["chute_download_MBps"].append(size / seconds / 1e6)
             rows["download_cpu_client"].append(client_cpu * per_gb)
             rows["download_cpu_server"].append(server_cpu * per_gb)
