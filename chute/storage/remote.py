@@ -231,6 +231,8 @@ class Remote:
         self._s3_pid = 0
         self._http: Any = None  # keep-alive connections for GETs (chute/storage/http.py), False where it does not apply
         self._http_pid = 0
+        self._presigned: Any = None  # the same for S3 GETs of presigned URLs (chute/storage/s3.py), False where not
+        self._presigned_pid = 0
         self._path = ""
         self._lock = threading.Lock()
         self._rng = random.Random()
@@ -311,8 +313,9 @@ class Remote:
             wakers = [wake for _, wake in self._wakers]
         for wake in wakers:
             wake()
-        if self._http:
-            self._http.close()
+        for connections in (self._http, self._presigned):
+            if connections:
+                connections.close()
 
     def cancel(self, event: threading.Event) -> None:
         """Set ``event`` (see :meth:`cancelled_by`) and wake the streamed requests it stops, at once."""
@@ -456,6 +459,20 @@ class Remote:
                     self._http_pid = os.getpid()
         return self._http or None
 
+    @property
+    def presigned_connections(self) -> http_get.Connections | None:
+        """Connections for S3 GETs of presigned URLs (chute/storage/s3.py, :func:`~chute.storage.s3.presigns`),
+        or None: botocore's GETs. Made once per process."""
+        if self.s3_client is None:
+            return None
+        if self._presigned is None or self._presigned_pid != os.getpid():
+            with self._lock:
+                if self._presigned is None or self._presigned_pid != os.getpid():
+                    applies = s3.presigns(self.storage_options)
+                    self._presigned = http_get.Connections(verify=s3.verify_of(self.storage_options)) if applies else False
+                    self._presigned_pid = os.getpid()
+        return self._presigned or None
+
     def _get(self, path: str, url: str, start: int | None, length: int | None,
              sink: Callable[[int, list[bytes]], None]) -> int:
         """One streamed GET (chute/storage/s3.py for S3, chute/storage/http.py for HTTP, else
@@ -469,6 +486,10 @@ class Remote:
         client = self.s3_client
         if client is not None:
             bucket, key, version = self.fs.split_path(path)
+            presigned = self.presigned_connections
+            if presigned is not None:
+                return http_get.get(presigned, s3.presigned_url(client, bucket, key, version), start, length, sink,
+                                    floor=self.retry.floor, cancelled=self.cancelled, on_cancel=self._on_cancel, label=url)
             return s3.get(client, bucket, key, version, s3.get_kwargs(self.storage_options), start, length, sink,
                           floor=self.retry.floor, url=url, cancelled=self.cancelled, on_cancel=self._on_cancel)
         return stream.get(self.fs, path, start, length, sink, floor=self.retry.floor, url=url,

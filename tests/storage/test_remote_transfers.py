@@ -133,27 +133,48 @@ def test_s3_epoch_makes_one_get_per_shard_and_no_head(on_s3, s3_proxy, tmp_path)
     assert s3_proxy.count("shard-", method="HEAD") == 0
 
 
-@pytest.mark.parametrize("client", ["botocore", "fsspec"])
-def test_s3_gets_run_on_chute_threads_with_either_client(on_s3, s3_proxy, tmp_path, monkeypatch, client):
-    """By default S3 GETs use botocore's synchronous client in chute's threads (chute/storage/s3.py);
-    CHUTE_S3_CLIENT=fsspec keeps s3fs's event loop. The same bytes, one GET per shard, either way."""
+@pytest.mark.parametrize("client", ["presigned", "botocore", "fsspec"])
+def test_s3_gets_run_on_chute_threads_with_any_client(on_s3, s3_proxy, tmp_path, monkeypatch, client):
+    """By default S3 GETs are URLs presigned by botocore, fetched by chute's HTTP client in chute's threads
+    (chute/storage/s3.py, chute/storage/http.py); CHUTE_S3_CLIENT=botocore reads botocore's own responses
+    there, CHUTE_S3_CLIENT=fsspec keeps s3fs's event loop. The same bytes, one GET per shard, each way."""
     from chute.storage import s3
 
-    monkeypatch.setenv("CHUTE_S3_CLIENT", client)
+    monkeypatch.setenv("CHUTE_S3_CLIENT", "" if client == "presigned" else client)
     url, options = on_s3
     ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=options)
-    assert (ds.cache.remote.s3_client is not None) == (client == "botocore")
+    assert (ds.cache.remote.s3_client is not None) == (client != "fsspec")
+    assert (ds.cache.remote.presigned_connections is not None) == (client == "presigned")
     names: list[str] = []
-    real = s3.get if client == "botocore" else stream.get
+    module = {"presigned": http_get, "botocore": s3, "fsspec": stream}[client]
 
-    def spy(*args, **kwargs):
+    def spy(*args, real=module.get, **kwargs):
         names.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(s3 if client == "botocore" else stream, "get", spy)
+    monkeypatch.setattr(module, "get", spy)
     epoch_columns(loader(ds))
     assert set(shard_gets(s3_proxy).values()) == {1}
     assert len(names) == len(ds.shards) and all(n.startswith("chute-") for n in names), names
+
+
+def test_presigned_s3_gets_only_where_the_url_is_all_a_get_needs(monkeypatch):
+    from chute.storage import s3
+
+    monkeypatch.setenv("CHUTE_S3_CLIENT", "")
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert s3.presigns({"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"})
+    assert not s3.presigns({"requester_pays": True})
+    assert not s3.presigns({"s3_additional_kwargs": {"SSECustomerAlgorithm": "AES256"}})
+    assert not s3.presigns({"config_kwargs": {"proxies": {"https": "http://proxy:3128"}}})
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert not s3.presigns({})
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.setenv("CHUTE_S3_CLIENT", "botocore")
+    assert not s3.presigns({})
+    monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ca.pem")
+    assert s3.verify_of({}) == "/etc/ca.pem" and s3.verify_of({"client_kwargs": {"verify": False}}) is False
 
 
 def test_s3_options_botocore_cannot_take_keep_the_fsspec_client():
