@@ -33,12 +33,11 @@ import os
 import socket
 import ssl
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from chute.storage.stream import BATCH_BYTES, BATCH_CHUNKS, READ_SIZE, Floor, Interrupted, RangeIgnored, SlowTransfer
+from chute.storage.stream import READ_SIZE, Floor, Interrupted, RangeIgnored, Receiver, SlowTransfer
 
 #: Seconds to connect, and to wait for a byte when no floor speed is set (as chute's aiohttp timeouts).
 CONNECT_TIMEOUT = 30.0
@@ -184,8 +183,7 @@ def _body(connections: Connections, parts: urllib.parse.SplitResult, conn: http.
           url: str, cancelled: Callable[[], bool], on_cancel: Callable[[Callable[[], None]], Callable[[], None]]) -> int:
     """Read the body into ``sink`` in batches of chunks, checking the floor speed; the bytes received."""
     remove = on_cancel(lambda: _shut(conn))
-    received, pending, size = 0, [], 0
-    mark, mark_bytes = time.monotonic(), 0
+    receiver = Receiver(sink, offset, floor)
     done = False
     try:
         while True:
@@ -203,29 +201,13 @@ def _body(connections: Connections, parts: urllib.parse.SplitResult, conn: http.
                 raise
             if not chunk and cancelled():
                 raise Interrupted(url)
-            if chunk:
-                pending.append(chunk)
-                size += len(chunk)
-            elif response.length:  # the connection ended before Content-Length's bytes
+            if not chunk and response.length:  # the connection ended before Content-Length's bytes
                 raise http.client.IncompleteRead(b"", response.length)
-            if pending and (not chunk or size >= BATCH_BYTES or len(pending) >= BATCH_CHUNKS):
-                sink(offset, pending)
-                offset += size
-                received += size
-                pending, size = [], 0
+            receiver.add(chunk)
             if not chunk:
                 response.close()  # read1 leaves a complete response open; the connection stays usable
                 done = True
-                return received
-            now = time.monotonic()
-            if floor.active and now - mark >= floor.window:
-                progressed = received + size - mark_bytes
-                if progressed < floor.rate * floor.window:
-                    raise SlowTransfer(
-                        f"moved {progressed:,} bytes in {now - mark:.3g} s, below the floor speed of "
-                        f"{floor.rate:,} bytes/s over {floor.window:g} s"
-                    )
-                mark, mark_bytes = now, received + size
+                return receiver.received
     finally:
         remove()
         if done and not response.will_close:

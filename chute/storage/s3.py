@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
-from chute.storage.stream import BATCH_BYTES, BATCH_CHUNKS, READ_SIZE, Floor, Interrupted, RangeIgnored, SlowTransfer
+from chute.storage.stream import READ_SIZE, Floor, Interrupted, RangeIgnored, Receiver, SlowTransfer
 
 #: s3fs arguments this module maps onto botocore (the others it may ignore: they do not change a GET).
 _CLIENT_OPTIONS = {"key", "secret", "token", "anon", "endpoint_url", "use_ssl", "client_kwargs", "config_kwargs",
@@ -148,10 +147,7 @@ def get(client: Any, bucket: str, key: str, version: str | None, extra: dict[str
     # botocore's check of the object's stored CRC (StreamingChecksumBody), fed as the bytes come
     checksum = getattr(body, "checksum", None) if hasattr(body, "_validate_checksum") else None
     remove = on_cancel(lambda: _shut(raw))
-    received, offset = 0, start or 0
-    pending: list[bytes] = []
-    size = 0
-    mark, mark_bytes = time.monotonic(), 0
+    receiver = Receiver(sink, start or 0, floor)
     try:
         while True:
             if cancelled():
@@ -166,29 +162,14 @@ def get(client: Any, bucket: str, key: str, version: str | None, extra: dict[str
                 raise
             if not chunk and cancelled():
                 raise Interrupted(url)
-            if chunk:
-                pending.append(chunk)
-                size += len(chunk)
-                if checksum is not None:
+            if checksum is not None:
+                if chunk:
                     checksum.update(chunk)
-            elif checksum is not None:
-                body._validate_checksum()  # FlexibleChecksumError: a damaged transfer, retried
-            if pending and (not chunk or size >= BATCH_BYTES or len(pending) >= BATCH_CHUNKS):
-                sink(offset, pending)
-                offset += size
-                received += size
-                pending, size = [], 0
+                else:
+                    body._validate_checksum()  # FlexibleChecksumError: a damaged transfer, retried
+            receiver.add(chunk)
             if not chunk:
-                return received
-            now = time.monotonic()
-            if floor.active and now - mark >= floor.window:
-                progressed = received + size - mark_bytes
-                if progressed < floor.rate * floor.window:
-                    raise SlowTransfer(
-                        f"moved {progressed:,} bytes in {now - mark:.3g} s, below the floor speed of "
-                        f"{floor.rate:,} bytes/s over {floor.window:g} s"
-                    )
-                mark, mark_bytes = now, received + size
+                return receiver.received
     finally:
         remove()
         if not raw.closed:

@@ -63,6 +63,40 @@ class Floor:
         return self.rate > 0 and self.window > 0
 
 
+class Receiver:
+    """One response's bytes on their way to ``sink(offset, chunks)``: handed over in batches (``BATCH_BYTES``
+    or ``BATCH_CHUNKS`` at a time) and timed against the floor speed as they come. For the clients that read
+    in the downloading thread (chute/storage/http.py, chute/storage/s3.py)."""
+
+    def __init__(self, sink: Callable[[int, list[bytes]], None], offset: int, floor: Floor) -> None:
+        self.sink, self.offset, self.floor = sink, offset, floor
+        self.received = 0  # bytes handed to the sink
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._mark, self._mark_bytes = time.monotonic(), 0
+
+    def add(self, chunk: bytes) -> None:
+        """Take ``chunk``; an empty one is the end: what is pending goes to the sink. Raises
+        :class:`SlowTransfer` when less than the floor's rate arrived over its last window."""
+        if chunk:
+            self._pending.append(chunk)
+            self._size += len(chunk)
+        if self._pending and (not chunk or self._size >= BATCH_BYTES or len(self._pending) >= BATCH_CHUNKS):
+            self.sink(self.offset, self._pending)
+            self.offset += self._size
+            self.received += self._size
+            self._pending, self._size = [], 0
+        floor = self.floor
+        if chunk and floor.active and (now := time.monotonic()) - self._mark >= floor.window:
+            progressed = self.received + self._size - self._mark_bytes
+            if progressed < floor.rate * floor.window:
+                raise SlowTransfer(
+                    f"moved {progressed:,} bytes in {now - self._mark:.3g} s, below the floor speed of "
+                    f"{floor.rate:,} bytes/s over {floor.window:g} s"
+                )
+            self._mark, self._mark_bytes = now, self.received + self._size
+
+
 def streams(fs: Any) -> bool:
     """Whether requests to ``fs`` can be streamed here (HTTP via fsspec, S3 via s3fs)."""
     return _chunks_of(fs) is not None
@@ -180,4 +214,4 @@ def get(fs: Any, path: str, start: int | None, length: int | None, sink: Callabl
             future.cancel()  # closes the response; its connection is not reused
 
 
-__all__ = ["Floor", "SlowTransfer", "RangeIgnored", "Interrupted", "get", "streams"]
+__all__ = ["Floor", "SlowTransfer", "RangeIgnored", "Interrupted", "Receiver", "get", "streams"]
