@@ -1,6 +1,6 @@
 """chute._native.resample: a box of an RGB image resampled (bilinear, antialiased), mirrored, as planes,
-normalised through a table: equal to a numpy implementation of the same arithmetic, and within one level
-of Pillow's resize of the same box."""
+normalised through a table: equal to a numpy implementation of the same arithmetic (within one level of
+Pillow's resize of the same box: tests/images/test_decode.py, where Pillow is installed)."""
 
 from __future__ import annotations
 
@@ -89,22 +89,6 @@ def test_resample_equals_the_numpy_arithmetic(args):
     out = np.full((3, oh, ow), 77, np.uint8)
     _native.resample(image, height, width, box, out, oh, ow, flip)
     assert np.array_equal(out, reference(image, box, oh, ow, flip))
-
-
-def test_resample_is_within_one_level_of_pillows_resize_of_the_box():
-    image_module = pytest.importorskip("PIL.Image")
-    rng = np.random.default_rng(0)
-    for _ in range(60):
-        height, width = (int(v) for v in rng.integers(20, 200, 2))
-        image = np.clip(np.cumsum(rng.integers(0, 30, (height, width, 3)), axis=1) % 256, 0, 255).astype(np.uint8)
-        x0, y0 = rng.uniform(0, width / 2), rng.uniform(0, height / 2)
-        box = (x0, y0, rng.uniform(x0 + 1, width), rng.uniform(y0 + 1, height))
-        oh, ow = (int(v) for v in rng.integers(8, 120, 2))
-        expected = np.asarray(image_module.fromarray(image).resize((ow, oh), image_module.BILINEAR, box=box))
-        out = np.empty((3, oh, ow), np.uint8)
-        _native.resample(image, height, width, box, out, oh, ow)
-        # Pillow 13 runs its two passes in either order, which moves some values by one level
-        assert np.abs(out.transpose(1, 2, 0).astype(np.int16) - expected).max() <= 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
