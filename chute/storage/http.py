@@ -34,6 +34,7 @@ import socket
 import ssl
 import threading
 import urllib.parse
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -60,8 +61,18 @@ def applies(storage_options: dict[str, Any]) -> bool:
     return set(storage_options) <= {"headers"}
 
 
+class _Kept(dict):
+    """One thread's kept connections by ``(scheme, netloc)``, closed when the thread ends (its
+    thread-local storage goes): download threads come and go with each pass."""
+
+    def __del__(self) -> None:
+        for conn in self.values():
+            conn.close()
+
+
 class Connections:
-    """Keep-alive connections, one per thread and ``(scheme, host, port)``; :meth:`close` closes all.
+    """Keep-alive connections, one per thread and ``(scheme, host, port)``; :meth:`close` closes all,
+    and a thread's kept ones are closed when the thread ends.
 
     ``verify`` (HTTPS): True (the system's certificates), False (none checked), or a CA bundle's path."""
 
@@ -70,12 +81,12 @@ class Connections:
         self.verify = verify
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._all: list[http.client.HTTPConnection] = []
+        self._all: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()  # open, in use or kept
         self._ssl: ssl.SSLContext | None = None
 
     def take(self, scheme: str, netloc: str) -> tuple[http.client.HTTPConnection, bool]:
         """This thread's connection to ``netloc`` and whether it was used before (kept alive)."""
-        kept: dict = self._local.__dict__.setdefault("kept", {})
+        kept: _Kept = self._local.__dict__.setdefault("kept", _Kept())
         conn = kept.pop((scheme, netloc), None)
         if conn is not None:
             return conn, True
@@ -89,22 +100,22 @@ class Connections:
         else:
             conn = http.client.HTTPConnection(netloc, timeout=CONNECT_TIMEOUT)
         with self._lock:
-            self._all.append(conn)
+            self._all.add(conn)
         return conn, False
 
     def give_back(self, scheme: str, netloc: str, conn: http.client.HTTPConnection) -> None:
         """Keep ``conn`` for this thread's next request to ``netloc`` (its response was read to the end)."""
-        self._local.__dict__.setdefault("kept", {})[(scheme, netloc)] = conn
+        self._local.__dict__.setdefault("kept", _Kept())[(scheme, netloc)] = conn
 
     def drop(self, conn: http.client.HTTPConnection) -> None:
         conn.close()
         with self._lock:
-            if conn in self._all:
-                self._all.remove(conn)
+            self._all.discard(conn)
 
     def close(self) -> None:
         with self._lock:
-            conns, self._all = self._all, []
+            conns = list(self._all)
+            self._all.clear()
         for conn in conns:
             conn.close()
 

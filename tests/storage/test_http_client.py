@@ -3,6 +3,7 @@ test decides: redirects, statuses, kept and dropped connections, bodies cut shor
 
 from __future__ import annotations
 
+import gc
 import http.client
 import threading
 from collections.abc import Iterator
@@ -103,6 +104,32 @@ def test_a_kept_connection_the_server_dropped_is_reopened_without_an_error(serve
     assert fetch(connections, base + "/data") == BODY  # sent on the dropped connection first, then anew
     assert server.connections == 2
     connections.close()
+
+
+def test_the_connection_a_download_thread_kept_is_closed_when_the_thread_ends(server, monkeypatch):
+    # each pass starts new download threads: what an ended thread kept must not stay open
+    base = f"http://127.0.0.1:{server.server_port}"
+    connections = http_get.Connections()
+    used: list[http.client.HTTPConnection] = []
+    take = connections.take
+
+    def spy(scheme: str, netloc: str):
+        conn, kept = take(scheme, netloc)
+        used.append(conn)
+        return conn, kept
+
+    monkeypatch.setattr(connections, "take", spy)
+    for _ in range(3):
+        thread = threading.Thread(target=fetch, args=(connections, base + "/data"))
+        thread.start()
+        thread.join()
+    assert len(used) == 3 and len(set(map(id, used))) == 3  # a connection per thread
+    gc.collect()
+    assert all(conn.sock is None for conn in used)  # closed, not left to the server's idle timeout
+    fetch(connections, base + "/data")  # this thread keeps one: closed by close()
+    assert used[-1].sock is not None
+    connections.close()
+    assert used[-1].sock is None
 
 
 def test_statuses_become_the_errors_the_retry_policy_knows(server):
