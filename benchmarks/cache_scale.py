@@ -4,7 +4,7 @@ Every download into a limited node cache takes the cache lock twice: to reserve
 its bytes (count what the cache holds, evict a shard, create the ``.part``) and
 to rename the finished file into place. Counting used to mean listing every
 dataset directory with a ``stat`` per shard; now the count comes from the
-journal's new lines (chute/storage/ledger.py). This times both ways of counting
+journal's new lines (chute/storage/node/ledger.py). This times both ways of counting
 on a cache directory of N complete shards (sparse files, so no disk is used),
 each cycle doing what a download does under the lock: count, evict one shard,
 create a ``.part``, then rename it into place.
@@ -40,9 +40,9 @@ sys.path.insert(0, HERE)
 
 from _results import save  # noqa: E402
 
-from chute.storage import ledger as ledger_module  # noqa: E402
-from chute.storage.ledger import Ledger, scan, try_exclusive, unlink  # noqa: E402
-from chute.storage.share import cache_lock  # noqa: E402
+from chute.storage.node import ledger as ledger_module  # noqa: E402
+from chute.storage.node.ledger import Ledger, scan, try_exclusive, unlink  # noqa: E402
+from chute.storage.node.share import cache_lock  # noqa: E402
 
 SIZE = 8 << 20  # bytes each shard counts (sparse: nothing is written)
 CYCLES = 200
@@ -146,8 +146,8 @@ def choose(n: int, sample: bool, repeats: int = 20) -> float:
     the next use of a shard is a constant-time function here (the loader's is a bisect)."""
     import types
 
-    from chute.storage import cache as cache_module
-    from chute.storage.cache import ShardCache
+    from chute.storage.node import cache as cache_module
+    from chute.storage.node.cache import ShardCache
 
     root = tempfile.mkdtemp(prefix="chute-cache-scale-")
     saved = cache_module.EVICTION_SAMPLE

@@ -121,7 +121,7 @@ def ceiling_boto3(client, bucket: str, prefix: str, names: list[str], threads: i
 def chute_remote(url: str):
     """chute's Remote for ``url`` with its client made (botocore's for S3), before any clock or CPU count
     starts: a dataset makes it when it is opened."""
-    from chute.storage.remote import Remote
+    from chute.storage.net.remote import Remote
 
     remote = Remote(url)
     _ = remote.s3_client, remote.http_connections

@@ -116,3 +116,24 @@ def test_a_deprecated_path_goes_in_the_version_that_removes_it():
     version = tuple(int(part) for part in chute.__version__.split(".")[:2])
     due = [f"{a} -> {b} (due in {v})" for (a, b), v in KNOWN.items() if version >= tuple(int(p) for p in v.split("."))]
     assert not due, "remove the deprecated path and its KNOWN entry: " + ", ".join(due)
+
+
+#: Inside chute/storage, lowest first (chute/storage/README.md): the network clients know nothing of
+#: the node cache, and neither knows the top-level modules that open and write datasets.
+STORAGE_LAYERS: list[set[str]] = [{"net"}, {"node"}, {"open", "write", "upload", "storage"}]
+
+
+def test_storage_network_clients_sit_below_the_node_cache():
+    found: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    storage = ROOT / "storage"
+    for path in sorted(storage.rglob("*.py")):
+        part = path.relative_to(storage).parts[0].removesuffix(".py").replace("__init__", "storage")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("chute.storage"):
+                names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "chute.storage" else [node.module]
+                for name in names:
+                    target = (name.split(".") + ["storage"])[2]
+                    found[part, target].append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    rank = {member: i for i, layer in enumerate(STORAGE_LAYERS) for member in layer}
+    upward = {pair: where for pair, where in found.items() if rank[pair[1]] > rank[pair[0]]}
+    assert not upward, "storage imports upward:\n" + "\n".join(f"  {a} -> {b}: {', '.join(w)}" for (a, b), w in sorted(upward.items()))

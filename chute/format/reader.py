@@ -48,7 +48,7 @@ __all__ = ["Dataset", "ShardSource", "torch_dtype"]
 
 class ShardSource(Protocol):
     """Where a dataset's shards come from when they are not files in its directory (the node cache,
-    ``chute.storage.cache.ShardCache``).
+    ``chute.storage.node.cache.ShardCache``).
 
     ``acquire(i)`` makes shard ``i`` a complete local file at ``path(i)`` and
     holds it there until ``release(i)``; ``held(i)`` counts the holds of this
@@ -388,7 +388,7 @@ class Dataset:
 
         A loader's downloader already holds the shards its batches read; a direct
         read (``ds[i]``, ``get_batch`` outside a loader) is held by the source for
-        as long as it decides (chute/storage/direct.py).
+        as long as it decides (chute/storage/node/direct.py).
         """
         assert self.cache is not None  # a remote dataset's
         with self.cache.hold_for_read(i) as path, self._lock:

@@ -109,7 +109,7 @@ def _fetcher(loader: Any, run: Pass) -> Any:
     cache = getattr(run.dataset, "cache", None)
     if cache is None:
         return None
-    from chute.storage.fetcher import Fetcher
+    from chute.storage.node.fetcher import Fetcher
 
     run.dataset.release_direct_holds()  # the pass holds what it reads; nothing else while it waits for a turn
     uses = _with_reads(run.dataset, run.order.shard_uses(run.epoch, run.world_size, run.start))
@@ -140,7 +140,7 @@ def _progressive_epoch(loader: Any, run: Pass) -> None:
     run.steps = run.order.num_batches(run.world_size, run.start)
     run.shards = shards
     if view is not None:
-        from chute.storage.progressive import EpochHolds
+        from chute.storage.node.progressive import EpochHolds
 
         run.holds = EpochHolds(view, run.order.shard_uses(run.epoch, run.world_size, run.start), progressive.filler)
     progressive.record(run.epoch, shards)

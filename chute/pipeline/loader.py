@@ -198,13 +198,13 @@ class Loader:
         cache = getattr(self.dataset, "cache", None)
         self._progressive = None
         if getattr(self.dataset, "progressive", False):
-            from chute.storage.progressive import Progressive
+            from chute.storage.node.progressive import Progressive
 
             if self.workers.kind == "processes":
                 raise ValueError("a progressive dataset is read with workers='threads'")
             self._progressive = Progressive(self.dataset, self.order, self.order.seed)
         elif cache is not None and cache.limit is not None:  # a too small cache fails here, not mid-epoch
-            from chute.storage.fetcher import check_limit, worst_resident_bytes
+            from chute.storage.node.fetcher import check_limit, worst_resident_bytes
 
             # the bound over every epoch, so the minimum it states holds for the whole run
             check_limit(cache, need=worst_resident_bytes(self.order, [s.bytes for s in self.dataset.shards], self.world_size))

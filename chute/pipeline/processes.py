@@ -382,7 +382,7 @@ class _PassRun:
         """Move submitted steps, in order, to the receiver once this process's downloader holds their shards.
 
         A worker process reads a remote dataset's shards under this process's
-        holds and lease (chute/storage/share.py). Sent any earlier, a worker
+        holds and lease (chute/storage/node/share.py). Sent any earlier, a worker
         reading a shard the downloader has not reached would download it
         outside the lease and, in a cache filled to its limit by that lease,
         wait for room that only the loop's progress frees, while the loop

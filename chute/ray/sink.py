@@ -35,7 +35,7 @@ from chute.format.manifest import Manifest, ShardInfo
 from chute.format.schema import ColumnType, Schema
 from chute.format.writer import DEFAULT_SHARD_SIZE, TMP_SUFFIX, ShardWriter
 from chute.ray.columns import block_samples, chute_schema, plan_block_columns
-from chute.storage.remote import Remote, is_remote
+from chute.storage.net.remote import Remote, is_remote
 from chute.storage.write import Writer, destination
 
 if TYPE_CHECKING:

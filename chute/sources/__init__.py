@@ -20,7 +20,7 @@ module                 source
 ``_write``             samples -> committed dataset, errors naming the source
 ``_dicts``             dict samples -> columns (the plan), ``cast=True``
 ``_hints``             errors that carry their fix (Python or CLI syntax)
-``_remote``            sources at a URL (through chute.storage.remote)
+``_remote``            sources at a URL (through chute.storage.net.remote)
 ``_progress``          the progress bar on stderr
 =====================  ==========================================================
 

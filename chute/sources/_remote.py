@@ -1,6 +1,6 @@
 """Sources in remote storage (``s3://``, ``gs://``, ``https://``): read through chute's fsspec layer.
 
-Every request goes through :class:`chute.storage.remote.Remote`, so a source
+Every request goes through :class:`chute.storage.net.remote.Remote`, so a source
 file gets the same retries, backoff and error messages as a dataset's shards.
 Small files (an index, the per-sample files it lists) are read into memory; a
 file a converter streams (Parquet, jsonl, tar) is downloaded to a temporary
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 from chute.errors import ChuteError
-from chute.storage.remote import NotFound, Remote, is_remote
+from chute.storage.net.remote import NotFound, Remote, is_remote
 
 __all__ = ["is_remote", "join_url", "local_copy", "read_url", "remote_for", "split_url", "url_exists"]
 

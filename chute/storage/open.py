@@ -3,7 +3,7 @@
 Storage decides where a dataset's shards come from; the reader
 (``chute.format.reader``) only maps the local files it is given. A local
 dataset's shards are its own files; a remote one's (or one whose shards are
-stored compressed) come through a :class:`chute.storage.cache.ShardCache`,
+stored compressed) come through a :class:`chute.storage.node.cache.ShardCache`,
 which the reader uses as its shard source.
 """
 
@@ -19,8 +19,8 @@ from chute.errors import ManifestError, ShardError
 from chute.format import validate
 from chute.format.manifest import MANIFEST_NAME, local_path, parse_manifest, read_manifest
 from chute.format.reader import Dataset
-from chute.storage.cache import ShardCache
-from chute.storage.remote import NotFound, Remote, RetryPolicy, is_remote
+from chute.storage.net.remote import NotFound, Remote, RetryPolicy, is_remote
+from chute.storage.node.cache import ShardCache
 
 
 def open_dataset(

@@ -16,7 +16,7 @@ from typing import Any
 
 from chute.errors import ChuteError
 from chute.format.manifest import COMPRESSED_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, parse_manifest
-from chute.storage.remote import NotFound, Remote
+from chute.storage.net.remote import NotFound, Remote
 
 
 class Upload:

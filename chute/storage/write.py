@@ -19,8 +19,8 @@ from chute.format.manifest import local_path
 from chute.format.reader import Dataset
 from chute.format.schema import ColumnType, Schema
 from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE, Target
+from chute.storage.net.remote import is_remote
 from chute.storage.open import open_dataset
-from chute.storage.remote import is_remote
 from chute.storage.upload import Upload
 
 

@@ -310,7 +310,7 @@ def _cache(env: Environment, dataset: Any) -> Check:
 
 def _default_cache_dir() -> str:
     try:
-        from chute.storage.cache import default_cache_dir
+        from chute.storage.node.cache import default_cache_dir
     except ImportError:  # a chute without remote storage
         base = os.environ.get("CHUTE_CACHE_DIR") or os.path.join(
             os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "chute"

@@ -99,7 +99,7 @@ def stated_minimum(url: str, cache_dir: str, **kwargs: Any) -> int:
 def cache_bytes(cache_dir: str) -> int:
     """Bytes of shard data under ``cache_dir``: complete shards and ``.part`` downloads, not locks.
 
-    Counted holding the cache lock (``.chute-cache.lock``, see chute/storage/cache.py),
+    Counted holding the cache lock (``.chute-cache.lock``, see chute/storage/node/cache.py),
     which every reservation, eviction and rename into place also holds: the count
     is a state the cache was really in, not a listing torn by a concurrent rename.
     """
@@ -157,7 +157,7 @@ def fast_retries(ds: chute.Dataset, attempts: int = 8, base: float = 0.01, cap: 
     The default policy rides out ~20 s of outage; the tests only need the retries
     to happen, not to wait. The number of attempts is what the test is about.
     """
-    from chute.storage.remote import RetryPolicy
+    from chute.storage.net.remote import RetryPolicy
 
     ds.cache.remote.retry = RetryPolicy(attempts=attempts, base=base, cap=cap)
 

@@ -27,7 +27,7 @@ STALL_S = 600.0
 
 def main(url: str, cache_dir: str, limit: str, seed: str, epochs: str, out: str) -> None:
     if epochs == "hold":
-        from chute.storage.share import Sharing
+        from chute.storage.node.share import Sharing
 
         Sharing(cache_dir, int(limit)).reserve(0, at_least=int(limit))
         print("holding", flush=True)

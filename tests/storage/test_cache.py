@@ -42,7 +42,7 @@ def served(http_server) -> str:
 
 
 def test_a_scan_counts_this_process_downloads_unprobed_and_removes_a_dead_download(http_server, served, tmp_path, monkeypatch):
-    from chute.storage import ledger as ledger_module
+    from chute.storage.node import ledger as ledger_module
 
     ds = chute.open(served, cache_dir=tmp_path / "cache", cache_limit=10 << 20)
     cache = ds.cache
@@ -259,7 +259,7 @@ def test_a_shard_another_process_reads_is_never_evicted(http_server, served, tmp
 @pytest.mark.parametrize("batch_size", [1, 7, 64, 500])
 def test_the_stated_minimum_bounds_every_epoch(batch_size, world_size):
     from chute.order import Order
-    from chute.storage.fetcher import resident_bytes, worst_resident_bytes
+    from chute.storage.node.fetcher import resident_bytes, worst_resident_bytes
 
     rng = np.random.default_rng(batch_size * 10 + world_size)
     rows = [int(r) for r in rng.integers(0, 90, 37)]
@@ -300,7 +300,7 @@ def test_a_step_waits_for_its_own_use_of_a_shard_not_an_earlier_one(http_server,
     cache) after the pass."""
     import threading
 
-    from chute.storage.fetcher import Fetcher
+    from chute.storage.node.fetcher import Fetcher
 
     ds = chute.open(served, cache_dir=str(tmp_path / "cache"))
     a, b = 0, 1
@@ -334,7 +334,7 @@ def test_a_fetcher_with_holds_outside_its_lease_finishes_its_epoch(http_server, 
     room its next shard needs: the download that finds the cache full must get the room back from
     the read-ahead (later uses wait, shards no task asked for go back) instead of waiting for it
     forever (two hangs of this kind were seen, each in a multi-process run only)."""
-    from chute.storage.cache import ShardCache
+    from chute.storage.node.cache import ShardCache
 
     cache_dir = str(tmp_path / "cache")
     probe = chute.open(served, cache_dir=str(tmp_path / "probe"), cache_limit=30_000)

@@ -38,7 +38,7 @@ def dataset(tmp_path_factory):
 
 
 def _ring_all(cache_dir: str, times: int) -> None:
-    from chute.storage.share import _ring
+    from chute.storage.node.share import _ring
 
     for _ in range(times):
         for bell in glob.glob(os.path.join(cache_dir, ".chute-members", "*.bell")):
@@ -49,7 +49,7 @@ def _ring_all(cache_dir: str, times: int) -> None:
 def test_a_process_stopped_and_continued_while_others_wait_for_its_lease_exits(http_server, dataset, tmp_path, how):
     import shutil
 
-    from chute.storage.share import Sharing
+    from chute.storage.node.share import Sharing
 
     shutil.copytree(dataset, http_server.root / "ds")
     url = http_server.url + "ds"

@@ -1,4 +1,4 @@
-"""chute/storage/http.py, chute's own HTTP GETs, against a real server on 127.0.0.1 whose every answer the
+"""chute/storage/net/http.py, chute's own HTTP GETs, against a real server on 127.0.0.1 whose every answer the
 test decides: redirects, statuses, kept and dropped connections, bodies cut short, headers sent."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from chute.storage import http as http_get
-from chute.storage.remote import Remote, is_transient
-from chute.storage.stream import Floor, RangeIgnored
+from chute.storage.net import http as http_get
+from chute.storage.net.remote import Remote, is_transient
+from chute.storage.net.stream import Floor, RangeIgnored
 
 BODY = bytes(range(256)) * 1024  # 256 KiB
 

@@ -1,4 +1,4 @@
-"""The node cache's journal (chute/storage/ledger.py): what a process counts is what the directory holds.
+"""The node cache's journal (chute/storage/node/ledger.py): what a process counts is what the directory holds.
 
 - a reservation reads the journal's new lines, not the directory: one scan per process for a whole epoch;
 - each process's copy follows the others' changes, and a rewrite of the journal by another's scan;
@@ -14,9 +14,9 @@ import os
 import pytest
 
 import chute
-from chute.storage import ledger as ledger_module
-from chute.storage.ledger import JOURNAL, Ledger, scan
-from chute.storage.share import cache_lock
+from chute.storage.node import ledger as ledger_module
+from chute.storage.node.ledger import JOURNAL, Ledger, scan
+from chute.storage.node.share import cache_lock
 from tests.storage._helpers import assert_same_epoch, epoch_columns, loader, local_epochs, write_dataset
 
 
@@ -167,7 +167,7 @@ def test_a_dead_download_counted_by_the_journal_is_removed_when_room_runs_out(ht
 
 
 def test_an_eviction_ranks_a_bounded_sample_of_a_large_cache(http_server, served, tmp_path, monkeypatch):
-    from chute.storage import cache as cache_module
+    from chute.storage.node import cache as cache_module
 
     ds = chute.open(served, cache_dir=str(tmp_path / "cache"), cache_limit=1 << 30)
     ranked = []

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from chute.storage import share
+from chute.storage.node import share
 
 
 def _is_open(fd: int) -> bool:

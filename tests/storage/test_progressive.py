@@ -25,7 +25,7 @@ import torch
 
 import chute
 from chute.errors import ChuteError
-from chute.storage import progressive
+from chute.storage.node import progressive
 from tests.storage._helpers import (
     BATCH,
     cache_bytes,

@@ -40,7 +40,7 @@ def reference(tmp_path_factory) -> tuple[str, list[dict]]:
 
 @pytest.fixture(params=["stdlib", "fsspec"])
 def http_client(request, monkeypatch) -> str:
-    """Which client makes the HTTP GETs: chute's own (chute/storage/http.py, the default) or fsspec's
+    """Which client makes the HTTP GETs: chute's own (chute/storage/net/http.py, the default) or fsspec's
     aiohttp loop (storage options only aiohttp takes, or CHUTE_HTTP_CLIENT=fsspec). Both must hold."""
     monkeypatch.setenv("CHUTE_HTTP_CLIENT", request.param)
     return request.param
@@ -117,7 +117,7 @@ def test_server_stopped_mid_epoch_and_restarted(http_server, served, reference, 
     ds = chute.open(served, cache_dir=tmp_path / "cache", cache_limit="300KB")  # ~25%: downloads stay ahead, not done
     sizes = [s.bytes for s in ds.manifest.shards]
     assert sum(sizes) > 4 * 300_000
-    from chute.storage.remote import RetryPolicy
+    from chute.storage.net.remote import RetryPolicy
 
     ds.cache.remote.retry = RetryPolicy(attempts=40, base=0.05, cap=0.5)  # ~10 s of patience, checked often
     restart = threading.Timer(1.5, http_server.start)
@@ -334,7 +334,7 @@ def test_backend_errors_are_classified_by_their_types():
     import aiohttp
     import botocore.exceptions as boto
 
-    from chute.storage.remote import ShortRead, is_transient, unreachable
+    from chute.storage.net.remote import ShortRead, is_transient, unreachable
 
     wrapped = OSError("s3fs wraps it")
     wrapped.__cause__ = boto.FlexibleChecksumError(error_msg="CRC32 mismatch")
@@ -352,7 +352,7 @@ def test_backend_errors_are_classified_by_their_types():
 
 
 def test_a_server_that_refuses_connections_from_the_start_fails_at_once(http_server, tmp_path):
-    from chute.storage.remote import Remote
+    from chute.storage.net.remote import Remote
 
     url = http_server.url + "ds"
     http_server.stop()  # nothing listens on that port

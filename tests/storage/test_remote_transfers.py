@@ -13,8 +13,8 @@ import pytest
 
 import chute
 from chute.order import Order
-from chute.storage import http as http_get, stream
-from chute.storage.remote import StreamHash
+from chute.storage.net import http as http_get, stream
+from chute.storage.net.remote import StreamHash
 from tests.servers import s3_storage_options
 from tests.storage._helpers import (
     BATCH,
@@ -136,9 +136,9 @@ def test_s3_epoch_makes_one_get_per_shard_and_no_head(on_s3, s3_proxy, tmp_path)
 @pytest.mark.parametrize("client", ["presigned", "botocore", "fsspec"])
 def test_s3_gets_run_on_chute_threads_with_any_client(on_s3, s3_proxy, tmp_path, monkeypatch, client):
     """By default S3 GETs are URLs presigned by botocore, fetched by chute's HTTP client in chute's threads
-    (chute/storage/s3.py, chute/storage/http.py); CHUTE_S3_CLIENT=botocore reads botocore's own responses
+    (chute/storage/net/s3.py, chute/storage/net/http.py); CHUTE_S3_CLIENT=botocore reads botocore's own responses
     there, CHUTE_S3_CLIENT=fsspec keeps s3fs's event loop. The same bytes, one GET per shard, each way."""
-    from chute.storage import s3
+    from chute.storage.net import s3
 
     monkeypatch.setenv("CHUTE_S3_CLIENT", "" if client == "presigned" else client)
     url, options = on_s3
@@ -159,7 +159,7 @@ def test_s3_gets_run_on_chute_threads_with_any_client(on_s3, s3_proxy, tmp_path,
 
 
 def test_presigned_s3_gets_only_where_the_url_is_all_a_get_needs(monkeypatch):
-    from chute.storage import s3
+    from chute.storage.net import s3
 
     monkeypatch.setenv("CHUTE_S3_CLIENT", "")
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
@@ -178,8 +178,8 @@ def test_presigned_s3_gets_only_where_the_url_is_all_a_get_needs(monkeypatch):
 
 
 def test_s3_options_botocore_cannot_take_keep_the_fsspec_client():
-    from chute.storage import s3
-    from chute.storage.stream import Floor
+    from chute.storage.net import s3
+    from chute.storage.net.stream import Floor
 
     assert s3.client_for({"session": object()}, 8, Floor()) is None
     assert s3.client_for({"asynchronous": True}, 8, Floor()) is None
@@ -252,7 +252,7 @@ def test_close_mid_epoch_leaves_no_chute_thread_s3_ranges(on_s3, tmp_path):
 def test_cancelling_a_trickling_s3_download_ends_it_at_once(on_s3, s3_proxy, tmp_path):
     """A body arriving a byte at a time, no floor: cancelling the thread's requests ends the read
     (its socket is shut under it) and nothing is retried."""
-    from chute.storage.remote import Cancelled
+    from chute.storage.net.remote import Cancelled
 
     url, options = on_s3
     ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=options, min_speed=0)
@@ -348,7 +348,7 @@ def test_an_outage_error_names_the_retry_setting(http_server, served, tmp_path):
 
 
 def test_next_use_ranks_a_finished_shard_by_its_use_in_the_next_epoch(http_server, served, tmp_path):
-    from chute.storage.fetcher import Fetcher
+    from chute.storage.node.fetcher import Fetcher
 
     ds = chute.open(served, cache_dir=tmp_path / "cache")
     uses = [(0, 1, 0), (2, 3, 1)]  # this pass: shard 0 at steps 0-1, shard 1 at steps 2-3

@@ -185,7 +185,7 @@ def test_a_process_killed_holding_its_lease_frees_it_for_a_waiting_one(http_serv
     ],
 )
 def test_fair_leases(limit, claims, want):
-    from chute.storage.share import fair_leases
+    from chute.storage.node.share import fair_leases
 
     got = fair_leases(limit, claims)
     assert got == want
@@ -311,7 +311,7 @@ def test_worker_processes_map_only_what_their_loader_holds(http_server, dataset,
 
 def test_turns_first_come_first_served_and_ranks_of_one_job_fail_instead_of_waiting(tmp_path):
     """Three members of one cache directory (as three processes would be), limit 100 bytes."""
-    from chute.storage.share import Sharing
+    from chute.storage.node.share import Sharing
 
     cache_dir = str(tmp_path / "cache")
     asked = {job: threading.Event() for job in "AB"}  # set when that member is asked to give back read-ahead

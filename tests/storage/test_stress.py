@@ -1,4 +1,4 @@
-"""A randomized stress test of the node cache shared between processes (chute/storage/README.md).
+"""A randomized stress test of the node cache shared between processes (chute/storage/node/README.md).
 
 Each round draws, from one printed seed: 2 to 8 member processes, each with its
 own shuffle seed, window and batch size; a cache limit between the documented
@@ -242,12 +242,12 @@ def _round(round_seed: int, url: str, dataset: str, tmp_path) -> str:
         for epoch in range(EPOCHS):
             got = torch.load(os.path.join(m.out, f"epoch-{epoch}.pt"))
             assert_same_epoch(got, epoch_columns(want))
-    from chute.storage.ledger import scan
+    from chute.storage.node.ledger import scan
 
     scan(cache_dir)  # the next member's scan removes what a killed one left
     assert part_files(cache_dir) == [], where
     assert cache_bytes(cache_dir) <= limit, where
-    from chute.storage.share import Sharing
+    from chute.storage.node.share import Sharing
 
     Sharing(cache_dir, limit)._others()  # the next member's look removes the killed ones' files
     members_dir = os.path.join(cache_dir, ".chute-members")

@@ -3,8 +3,8 @@
 Layout of ``cache_dir``::
 
     .chute-cache.lock                 held briefly while space is reserved or freed
-    .chute-cache.journal              what the directory holds, line by line (chute/storage/ledger.py)
-    .chute-members/                   the processes sharing the cache and their leases (chute/storage/share.py)
+    .chute-cache.journal              what the directory holds, line by line (chute/storage/node/ledger.py)
+    .chute-members/                   the processes sharing the cache and their leases (chute/storage/node/share.py)
     <key>/source                      the dataset URL this directory caches
     <key>/<shard file>                a complete, verified shard (decompressed)
     <key>/<shard file>.<size>.<tag>.part   a download in progress, reserving <size> bytes
@@ -33,7 +33,7 @@ datasets cached there). The cache lock is held while the files are counted, a
 into place or removed (a directory listing taken during a rename could miss the
 file, and the count would come out low); each of these changes is written to
 the directory's journal under the lock, so a count reads the journal's new lines
-instead of listing the directory (chute/storage/ledger.py). A download reserves its full size, under the
+instead of listing the directory (chute/storage/node/ledger.py). A download reserves its full size, under the
 cache lock, by creating its ``.part`` file at that size; if that would pass the
 limit, shards nobody holds are evicted first: those no process will read soon
 (every process publishes the next shards it reads) and this process never reads
@@ -42,7 +42,7 @@ the cache from an earlier run are reused (their names carry a per-write token,
 so a rewritten dataset never matches stale files; the size is checked).
 
 With a limit, a process holds shards only within its **lease** (see
-chute/storage/share.py): leases together fit the limit, so the room a holder
+chute/storage/node/share.py): leases together fit the limit, so the room a holder
 needs is always there once the shards nobody holds are evicted; a process that
 cannot get the lease its loader needs waits for its turn holding nothing.
 """
@@ -66,10 +66,10 @@ from chute.errors import CacheFullError, ChuteError, ShardError
 from chute.format import validate
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
-from chute.storage.direct import DIRECT_HOLDS, DirectReads
-from chute.storage.ledger import DOWNLOAD_LOCK, DOWNLOADS, PART_SUFFIX, ledger, lock_path, try_exclusive, unlink
-from chute.storage.remote import Cancelled, Remote, verify_fd
-from chute.storage.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
+from chute.storage.net.remote import Cancelled, Remote, verify_fd
+from chute.storage.node.direct import DIRECT_HOLDS, DirectReads
+from chute.storage.node.ledger import DOWNLOAD_LOCK, DOWNLOADS, PART_SUFFIX, ledger, lock_path, try_exclusive, unlink
+from chute.storage.node.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
 
 log = logging.getLogger("chute")
 
@@ -83,7 +83,7 @@ class ShardCache:
     A shard is held (shared lock, counted per process) from ``acquire`` to the
     matching ``release``; while held it is on disk and is not evicted. A loader's
     downloader first ``claim``s the shards it will acquire (within this process's
-    lease, see chute/storage/share.py), so that it never waits on another process
+    lease, see chute/storage/node/share.py), so that it never waits on another process
     while holding shards. Thread-safe.
 
     ``share=False`` keeps the cache out of the leases (the progressive mode's
@@ -127,7 +127,7 @@ class ShardCache:
             self.sharing = Sharing(self.cache_dir, self.limit, name="chute-share", direct_minimum=direct)
         self._pid = os.getpid()
         self._inherited = False  # a forked child dropped its parent's holds (see _after_fork)
-        self.direct = DirectReads(self)  # the holds of direct reads (chute/storage/direct.py)
+        self.direct = DirectReads(self)  # the holds of direct reads (chute/storage/node/direct.py)
 
     def _after_fork(self) -> None:
         """In a process forked from the one that used this cache (a DataLoader worker): forget the
@@ -168,7 +168,7 @@ class ShardCache:
         """How many holds this process has on shard ``i``."""
         return self._refs.get(i, 0)
 
-    # the reader's direct reads (the ShardSource seam, chute.format.reader): see chute/storage/direct.py
+    # the reader's direct reads (the ShardSource seam, chute.format.reader): see chute/storage/node/direct.py
 
     def hold_for_read(self, i: int) -> contextlib.AbstractContextManager[str]:
         """Shard ``i`` held while a direct read maps it; kept for a while after. A guest
@@ -489,7 +489,7 @@ class ShardCache:
 
     def _reserve(self, i: int, size: int) -> str | None:
         """Create shard ``i``'s ``.part`` file at full size, evicting to stay under the limit; None
-        if there is no room (only holds outside any lease can cause that, see chute/storage/share.py)."""
+        if there is no room (only holds outside any lease can cause that, see chute/storage/node/share.py)."""
         if self.remote.cancelled():  # closed, or this thread's loader was closed: evict nothing for it
             raise Cancelled(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
         part = os.path.join(self.dir, f"{self._file(i)}.{size}.{secrets.token_hex(4)}{PART_SUFFIX}")
@@ -529,7 +529,7 @@ class ShardCache:
     def _make_room(self, i: int, size: int) -> int | None:
         """Evict until ``size`` more bytes fit under the limit (holding the cache lock); the bytes then
         in use, or None if they do not fit. What the cache holds comes from its journal
-        (chute/storage/ledger.py); when evicting every shard nobody holds is not enough, a scan of
+        (chute/storage/node/ledger.py); when evicting every shard nobody holds is not enough, a scan of
         the directory (which removes dead downloads' leftovers) decides."""
         books = ledger(self.cache_dir)
         books.sync()

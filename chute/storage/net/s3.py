@@ -1,7 +1,7 @@
 """S3 GETs in the thread that asks, on botocore's synchronous client or as presigned URLs: no event loop in between.
 
 By default a GET is a URL presigned by botocore (its credentials, endpoint,
-region and signature) fetched by chute's own HTTP client (chute/storage/http.py,
+region and signature) fetched by chute's own HTTP client (chute/storage/net/http.py,
 :func:`presigns`): on this project's 2-core machine against moto, 0.2-0.35
 client CPU seconds per GB where reading botocore's response took 0.8-0.95 (its
 urllib3 reads and the CRC check). The object's integrity is then the
@@ -11,7 +11,7 @@ the URL is needed (``s3_additional_kwargs``, requester pays, a proxy) or
 
     botocore client ──(urllib3 socket reads, read1)──► the calling thread: writes them, watches the rate
 
-The fsspec path (chute/storage/stream.py) runs every request of a process on
+The fsspec path (chute/storage/net/stream.py) runs every request of a process on
 s3fs's one event-loop thread, where aiohttp hands the body over in small
 pieces, each a few Python calls holding the GIL. Against moto on this project's
 2-core machine that path moved 40-57 MiB/s for 3-5 CPU seconds per GiB, where
@@ -36,7 +36,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from chute.storage.stream import READ_SIZE, Floor, Interrupted, RangeIgnored, Receiver, SlowTransfer
+from chute.storage.net.stream import READ_SIZE, Floor, Interrupted, RangeIgnored, Receiver, SlowTransfer
 
 #: s3fs arguments this module maps onto botocore (the others it may ignore: they do not change a GET).
 _CLIENT_OPTIONS = {"key", "secret", "token", "anon", "endpoint_url", "use_ssl", "client_kwargs", "config_kwargs",
@@ -82,7 +82,7 @@ _PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_pro
 
 
 def presigns(storage_options: dict[str, Any]) -> bool:
-    """Whether GETs go as presigned URLs through chute's own HTTP client (chute/storage/http.py) rather than
+    """Whether GETs go as presigned URLs through chute's own HTTP client (chute/storage/net/http.py) rather than
     botocore's: where nothing but the URL is needed (no extra GET arguments, no proxy) and
     ``CHUTE_S3_CLIENT`` does not ask for botocore or fsspec."""
     if os.environ.get("CHUTE_S3_CLIENT", "").lower() in ("botocore", "fsspec"):
@@ -121,7 +121,7 @@ def get(client: Any, bucket: str, key: str, version: str | None, extra: dict[str
         length: int | None, sink: Callable[[int, list[bytes]], None], *, floor: Floor, url: str,
         cancelled: Callable[[], bool], on_cancel: Callable[[Callable[[], None]], Callable[[], None]]) -> int:
     """GET ``length`` bytes of ``bucket/key`` from ``start`` (None: the whole object) into
-    ``sink(offset, chunks)``, in this thread; the bytes received. Raises as :func:`chute.storage.stream.get`."""
+    ``sink(offset, chunks)``, in this thread; the bytes received. Raises as :func:`chute.storage.net.stream.get`."""
     from botocore.exceptions import ClientError
     from urllib3.exceptions import ReadTimeoutError
 

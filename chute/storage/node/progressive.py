@@ -28,9 +28,9 @@ from typing import Any
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
 from chute.order import Order, _key, permutation
-from chute.storage.cache import ShardCache
-from chute.storage.remote import Remote
-from chute.storage.share import cache_lock
+from chute.storage.net.remote import Remote
+from chute.storage.node.cache import ShardCache
+from chute.storage.node.share import cache_lock
 
 log = logging.getLogger("chute")
 

@@ -2,13 +2,13 @@
 
     http.client connection ──(one recv per read1, up to 1 MiB)──► the calling thread: writes them, watches the rate
 
-The fsspec path (chute/storage/stream.py) runs every request of a process on
+The fsspec path (chute/storage/net/stream.py) runs every request of a process on
 fsspec's one event-loop thread, where aiohttp hands a body over in pieces of
 the socket's reads, each several Python calls holding the GIL: on this
 project's 2-core machine that loop thread was a whole core at 1 GB/s, and a
 cold epoch's gather and bookkeeping competed with it for the GIL. Here each
 download thread reads its own connection (``read1``: one ``recv`` of whatever
-has arrived, up to 1 MiB, without the GIL), as chute/storage/s3.py does for
+has arrived, up to 1 MiB, without the GIL), as chute/storage/net/s3.py does for
 S3. Chute's downloads take this path when the dataset's ``storage_options``
 are ones it understands (:func:`applies`: none, or ``headers``); others
 (``client_kwargs`` for aiohttp, authentication objects) keep the fsspec path,
@@ -38,7 +38,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from chute.storage.stream import READ_SIZE, Floor, Interrupted, RangeIgnored, Receiver, SlowTransfer
+from chute.storage.net.stream import READ_SIZE, Floor, Interrupted, RangeIgnored, Receiver, SlowTransfer
 
 #: Seconds to connect, and to wait for a byte when no floor speed is set (as chute's aiohttp timeouts).
 CONNECT_TIMEOUT = 30.0
@@ -124,7 +124,7 @@ def get(connections: Connections, url: str, start: int | None, length: int | Non
         sink: Callable[[int, list[bytes]], None], *, floor: Floor, cancelled: Callable[[], bool],
         on_cancel: Callable[[Callable[[], None]], Callable[[], None]], label: str | None = None) -> int:
     """GET ``length`` bytes of ``url`` from ``start`` (None: the whole object) into ``sink(offset, chunks)``,
-    in this thread; the bytes received. Raises as :func:`chute.storage.stream.get`. Errors name ``label``
+    in this thread; the bytes received. Raises as :func:`chute.storage.net.stream.get`. Errors name ``label``
     (default: the URL; a presigned URL's signature stays out of messages and logs)."""
     target, url = url, label or url
     headers = dict(connections.headers)

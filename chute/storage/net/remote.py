@@ -9,7 +9,7 @@ the status or exception and the attempts made.
 A shard is downloaded into a file the caller names: in one GET, or in parallel
 byte ranges when it is larger than ``whole_max``, then checked against the
 manifest's checksum. Over HTTP and S3 every request is streamed
-(chute/storage/stream.py): it must move at least ``RetryPolicy.min_speed``
+(chute/storage/net/stream.py): it must move at least ``RetryPolicy.min_speed``
 bytes/s over every ``min_speed_window`` seconds, or it is cancelled and retried.
 """
 
@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 
 from chute.errors import RemoteError
 from chute.observe import inflight
-from chute.storage import http as http_get, s3, stream
-from chute.storage.stream import Floor, RangeIgnored, SlowTransfer
+from chute.storage.net import http as http_get, s3, stream
+from chute.storage.net.stream import Floor, RangeIgnored, SlowTransfer
 
 log = logging.getLogger("chute")
 
@@ -227,11 +227,11 @@ class Remote:
         self.parallel = max(1, int(parallel))  # concurrent downloads (and ranges of one download)
         self._fs = None
         self._fs_pid = 0
-        self._s3: Any = None  # botocore's client for GETs (chute/storage/s3.py), False where it does not apply
+        self._s3: Any = None  # botocore's client for GETs (chute/storage/net/s3.py), False where it does not apply
         self._s3_pid = 0
-        self._http: Any = None  # keep-alive connections for GETs (chute/storage/http.py), False where it does not apply
+        self._http: Any = None  # keep-alive connections for GETs (chute/storage/net/http.py), False where it does not apply
         self._http_pid = 0
-        self._presigned: Any = None  # the same for S3 GETs of presigned URLs (chute/storage/s3.py), False where not
+        self._presigned: Any = None  # the same for S3 GETs of presigned URLs (chute/storage/net/s3.py), False where not
         self._presigned_pid = 0
         self._path = ""
         self._lock = threading.Lock()
@@ -434,7 +434,7 @@ class Remote:
 
     @property
     def s3_client(self) -> Any:
-        """botocore's S3 client for this dataset's GETs (chute/storage/s3.py), or None: the fsspec path.
+        """botocore's S3 client for this dataset's GETs (chute/storage/net/s3.py), or None: the fsspec path.
         Made once per process (a client's connections are not fork-safe)."""
         if self.protocol not in ("s3", "s3a"):
             return None
@@ -447,7 +447,7 @@ class Remote:
 
     @property
     def http_connections(self) -> http_get.Connections | None:
-        """Keep-alive connections for this dataset's HTTP GETs (chute/storage/http.py), or None: the
+        """Keep-alive connections for this dataset's HTTP GETs (chute/storage/net/http.py), or None: the
         fsspec path. Made once per process (connections are not fork-safe)."""
         if self.protocol not in ("http", "https"):
             return None
@@ -461,7 +461,7 @@ class Remote:
 
     @property
     def presigned_connections(self) -> http_get.Connections | None:
-        """Connections for S3 GETs of presigned URLs (chute/storage/s3.py, :func:`~chute.storage.s3.presigns`),
+        """Connections for S3 GETs of presigned URLs (chute/storage/net/s3.py, :func:`~chute.storage.net.s3.presigns`),
         or None: botocore's GETs. Made once per process."""
         if self.s3_client is None:
             return None
@@ -475,8 +475,8 @@ class Remote:
 
     def _get(self, path: str, url: str, start: int | None, length: int | None,
              sink: Callable[[int, list[bytes]], None]) -> int:
-        """One streamed GET (chute/storage/s3.py for S3, chute/storage/http.py for HTTP, else
-        chute/storage/stream.py) into ``sink``; the bytes received."""
+        """One streamed GET (chute/storage/net/s3.py for S3, chute/storage/net/http.py for HTTP, else
+        chute/storage/net/stream.py) into ``sink``; the bytes received."""
         with self._lock:
             self.requests += 1
         connections = self.http_connections

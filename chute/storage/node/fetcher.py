@@ -7,7 +7,7 @@ The loader's pass knows, for every shard, the first and last step that reads it.
 The fetcher takes these uses in order of first step and holds each shard in the
 node cache (downloading it when it is missing), several at once, as far ahead
 as the byte budget allows: with a cache limit, this process's lease in the
-cache, which it shares with the other processes using it (chute/storage/share.py);
+cache, which it shares with the other processes using it (chute/storage/node/share.py);
 without one, ``ahead`` bytes. A batch task waits until its shards are held; once
 the consumer has received the last step that uses a shard, the fetcher releases
 it and it becomes evictable. The cache evicts by next use, which the fetcher
@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from chute.errors import ChuteError
 from chute.observe import inflight
 from chute.order import Order
-from chute.storage.cache import CacheFullError, ShardCache
+from chute.storage.node.cache import CacheFullError, ShardCache
 
 #: How long close() waits for download threads to finish their current request (a hung
 #: request is left to its socket timeout, in a daemon thread).
@@ -114,7 +114,7 @@ class Fetcher:
 
     With a cache limit the fetcher first takes this process's turn in the cache
     (a lease of at least the bytes its pass must hold at once, see
-    chute/storage/share.py), then claims each shard within the lease before it
+    chute/storage/node/share.py), then claims each shard within the lease before it
     acquires it. When another process sharing the cache waits for room, it
     gives back its read-ahead: the shards no batch task has asked for yet.
     """

@@ -66,7 +66,7 @@ class Floor:
 class Receiver:
     """One response's bytes on their way to ``sink(offset, chunks)``: handed over in batches (``BATCH_BYTES``
     or ``BATCH_CHUNKS`` at a time) and timed against the floor speed as they come. For the clients that read
-    in the downloading thread (chute/storage/http.py, chute/storage/s3.py)."""
+    in the downloading thread (chute/storage/net/http.py, chute/storage/net/s3.py)."""
 
     def __init__(self, sink: Callable[[int, list[bytes]], None], offset: int, floor: Floor) -> None:
         self.sink, self.offset, self.floor = sink, offset, floor

@@ -17,7 +17,7 @@ process waits for while it waits.
   (:func:`fair_leases`: each at least its minimum, the rest split evenly). While
   a process waits for its turn the shares leave room for it: the others give
   back what they hold beyond their share (a loader drops the read-ahead no batch
-  task has asked for yet, see chute/storage/fetcher.py) and shrink their lease
+  task has asked for yet, see chute/storage/node/fetcher.py) and shrink their lease
   as their consumer moves on.
 * **Wake-ups, not polls.** Each member has a doorbell, a FIFO that a listener
   thread of its own waits on. A process that starts waiting rings every member
@@ -234,7 +234,7 @@ class Sharing:
         try:
             while True:
                 if cancelled():
-                    from chute.storage.remote import Cancelled
+                    from chute.storage.net.remote import Cancelled
 
                     raise Cancelled(f"waiting for room in the cache {self.cache_dir}: cancelled (closed)")
                 ring: list[str] = []

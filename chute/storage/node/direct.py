@@ -1,6 +1,6 @@
 """Direct reads of a remote dataset (``ds[i]``, ``ds.get_batch`` outside a loader): which shards stay held.
 
-A loader's downloader (chute/storage/fetcher.py) holds the shards its batches
+A loader's downloader (chute/storage/node/fetcher.py) holds the shards its batches
 read. A direct read has no downloader: it holds each shard it maps itself, and
 keeps the last ``DIRECT_HOLDS`` held after the read so that neighbouring reads do
 not download again. While one batch read is in progress (``reading()``), every
@@ -16,19 +16,27 @@ import collections
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from chute.storage.cache import ShardCache
+from typing import Any, Protocol
 
 #: Shards kept held between direct reads.
 DIRECT_HOLDS = 2
 
 
+class Holds(Protocol):
+    """What direct reads need of a ShardCache (chute/storage/node/cache.py, which owns a DirectReads)."""
+
+    manifest: Any
+    limit: int | None
+
+    def held(self, i: int) -> int: ...
+    def acquire(self, i: int) -> str: ...
+    def release(self, i: int) -> None: ...
+
+
 class DirectReads:
     """The holds one ShardCache keeps for direct reads. Thread-safe."""
 
-    def __init__(self, cache: ShardCache) -> None:
+    def __init__(self, cache: Holds) -> None:
         self.cache = cache
         self._lock = threading.Lock()
         self._recent: collections.deque[int] = collections.deque()  # kept after their read, oldest first
