@@ -29,6 +29,9 @@ from chute.format.schema import (
     arrow_type,
     as_array,
     describe_value,
+    is_int_value,
+    is_number_value,
+    json_default,
     storage_dtype,
 )
 
@@ -261,7 +264,7 @@ class JsonBuilder(StringBuilder):
 
 def encode_json(value: Any, where: str) -> str:
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=json_default)
     except (TypeError, ValueError) as exc:
         raise SchemaError(f"{where}: value is not JSON-serialisable ({exc})") from None
 
@@ -275,8 +278,8 @@ class MapBuilder(ColumnBuilder):
         self.check = {
             "string": lambda v: isinstance(v, str),
             "bytes": lambda v: isinstance(v, (bytes, bytearray, memoryview)),
-            "int64": lambda v: isinstance(v, int) and not isinstance(v, bool),
-            "float64": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+            "int64": is_int_value,
+            "float64": is_number_value,
             "json": lambda v: True,
         }[ctype.value]
 
@@ -298,6 +301,8 @@ class MapBuilder(ColumnBuilder):
                 item = encode_json(item, f"sample {position}, column {self.name!r}, key {key!r}")
             elif self.ctype.value == "float64":
                 item = float(item)
+            elif self.ctype.value == "int64":
+                item = int(item)  # a numpy integer too
             items.append((key, item))
             size += len(key) + (len(item) if isinstance(item, (str, bytes)) else 8)
         self.rows.append(items)

@@ -43,8 +43,10 @@ from chute.format.schema import (
     _is_json_value,
     _map_value_kind,
     _merge_map_values,
+    _value_dtype,
     array_dtype,
     as_array,
+    is_number_value,
     spell,
 )
 
@@ -122,6 +124,13 @@ class Node:
         elif isinstance(value, float):
             self._kind("float", position)
             self._dtype("float64", position)
+        elif isinstance(value, (np.integer, np.floating)):  # a numpy scalar: a number of its own dtype
+            dtype = _value_dtype(value.dtype)
+            if dtype is None:
+                self._unsupported(position)
+            else:
+                self._kind("number", position)
+                self._dtype(dtype, position)
         elif isinstance(value, Mapping):
             self._add_dict(value, position)
         else:
@@ -135,7 +144,15 @@ class Node:
         if dtype not in self.dtypes:
             self.dtypes[dtype] = position
 
+    def _unsupported(self, position: int) -> None:
+        if self.unsupported is None:
+            self.unsupported = position
+        self._kind("unsupported", position)
+
     def _add_other(self, value: Any, position: int) -> None:
+        if isinstance(value, (list, tuple)) and not value:
+            self._kind("empty", position)  # an empty list: no items, no dtype; fits an array column or a JSON one
+            return
         if not isinstance(value, (list, tuple)):
             self.json_ok = False
         array = as_array(value)
@@ -157,9 +174,7 @@ class Node:
         if array is None and _is_json_value(value):
             self._kind("json", position)
             return
-        if self.unsupported is None:
-            self.unsupported = position
-        self._kind("unsupported", position)
+        self._unsupported(position)
 
     def _add_dict(self, value: Mapping[str, Any], position: int) -> None:
         self._kind("dict", position)
@@ -172,7 +187,7 @@ class Node:
             return
         if value and self.mappable:
             items = list(value.values())
-            if all(type(v) in (str, bytes, int, float) for v in items):
+            if all(type(v) in (str, bytes, int, float) or is_number_value(v) for v in items):
                 kind = _map_value_kind(items)
             elif _is_json_value(items):
                 kind = "json"
@@ -352,8 +367,12 @@ def _plain_type(name: str, node: Node) -> Tensor | Ragged | Scalar | Bytes | Str
         return Map(node.map_value or "string") if node.mappable else Json()
     if kinds <= {"bool", "int", "float", "number"}:
         return _scalar(name, node)
+    if kinds <= {"json", "empty"}:  # lists of strings, nested lists, empty lists
+        return Json()
     if kinds == {"array"}:
         return _array(name, node)
+    if kinds == {"array", "empty"} and set(node.ndims) == {1}:  # 1-D arrays, some empty: one of another shape
+        return Ragged(next(iter(node.dtypes)), 1) if len(node.dtypes) == 1 else _array(name, node)
     second = sorted(node.kinds.items(), key=lambda kv: kv[1])[1]
     raise _mixed(name, node, second, Json() if node.json_ok else None)
 
@@ -369,7 +388,7 @@ def _mixed(name: str, node: Node, second: tuple[str, int], fix: ColumnType | Non
 
 
 _KIND_WORDS = {"str": "a str", "bytes": "bytes", "int": "an int", "float": "a float", "bool": "a bool", "dict": "a dict",
-               "json": "a list", "array": "an array", "number": "a number"}
+               "json": "a list", "array": "an array", "number": "a number", "empty": "an empty list"}
 
 
 def _scalar(name: str, node: Node) -> Scalar:

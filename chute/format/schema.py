@@ -385,14 +385,32 @@ def array_dtype(value: Any, array: np.ndarray) -> str | None:
     return _value_dtype(array.dtype)
 
 
+def is_int_value(value: Any) -> bool:
+    """A Python or numpy integer (not a bool): what an int64 map value or JSON number may be."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_number_value(value: Any) -> bool:
+    """A Python or numpy integer or float (not a bool)."""
+    return is_int_value(value) or isinstance(value, (float, np.floating))
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps``' ``default=``: numpy scalars (what arrays' reductions return, pickled dicts hold them
+    everywhere) as the Python numbers and bools they stand for; anything else is not JSON."""
+    if isinstance(value, (np.bool_, np.integer, np.floating)):
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _map_value_kind(values: list[Any]) -> str:
     if all(isinstance(v, str) for v in values):
         return "string"
     if all(isinstance(v, (bytes, bytearray, memoryview)) for v in values):
         return "bytes"
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if all(is_int_value(v) for v in values):
         return "int64"
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    if all(is_number_value(v) for v in values):
         return "float64"
     return "json"
 
@@ -407,7 +425,7 @@ def _merge_map_values(a: str, b: str) -> str:
 
 def _is_json_value(value: Any) -> bool:
     try:
-        json.dumps(value, allow_nan=False)
+        json.dumps(value, allow_nan=False, default=json_default)
     except (TypeError, ValueError):
         return False
     return True

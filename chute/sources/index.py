@@ -78,6 +78,17 @@ class Index:
         return [p if is_remote(p) else os.path.normpath(os.path.join(base, p)) for p in self.paths]
 
 
+def source_metadata(index: Index, root: str | os.PathLike | None) -> dict[str, str]:
+    """What the dataset's metadata says of its source: the index's file name and the folder its paths start
+    from, relative to the index's folder (a URL stays a URL): no absolute path of this machine."""
+    base = index.base(root)
+    if is_remote(index.source):
+        return {"kind": "index", "index": index.source, "root": base}
+    if not is_remote(base):
+        base = os.path.relpath(base, os.path.dirname(os.path.abspath(index.source))).replace(os.sep, "/")
+    return {"kind": "index", "index": os.path.basename(index.source), "root": base}
+
+
 def normalise_path(path: str) -> str:
     """``path`` with Windows separators (``\\``) turned into ``/``, so an index written on Windows works here."""
     return path.replace("\\", "/")
@@ -308,8 +319,7 @@ def from_index(
                 dst,
                 progress=Progress(len(items), "chute convert (index)", enabled=progress, unit="files"),
                 schema=schema,
-                metadata={"source": {"kind": "index", "root": index.base(root),
-                                      "index": index.source if is_remote(index.source) else os.path.abspath(index.source)}},
+                metadata={"source": source_metadata(index, root)},
                 shard_size=shard_size,
                 overwrite=overwrite,
                 storage_options=options,

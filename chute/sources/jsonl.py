@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import io
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,11 +36,18 @@ API = "from_jsonl() / convert()"
 def _lines(path: str, name: str) -> Iterator[tuple[str, Any]]:
     """``(place, value)`` for each non-blank line of the file at ``path`` (``name`` in messages)."""
     opener = gzip.open if path.lower().endswith(".gz") else open
-    with opener(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with opener(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            place = f"{name} line {number}"
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise ChuteError(
+                    f"{place}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); JSON lines are "
+                    f"UTF-8: convert the file (e.g. iconv -f LATIN1 -t UTF-8 {name}) or fix the line"
+                ) from None
             if not line.strip():
                 continue
-            place = f"{name} line {number}"
             try:
                 yield place, json.loads(line)
             except ValueError as exc:
@@ -102,7 +108,7 @@ def from_jsonl(
                 samples(), dst,
                 progress=Progress(len(places), "chute convert (jsonl)", enabled=progress, unit="lines"),
                 schema=schema,
-                metadata={"source": {"kind": "jsonl", "files": [name if is_remote(name) else os.path.abspath(name) for _, name in files]}},
+                metadata={"source": {"kind": "jsonl", "files": [name if is_remote(name) else os.path.basename(name) for _, name in files]}},
                 shard_size=shard_size, overwrite=overwrite, storage_options=options,
             )
         except InferenceError as exc:

@@ -60,7 +60,7 @@ def _index(
     src: Any, rows: int, *, allow_pickle: bool, path_column: str | None = None, data_type: ColumnType | None = None,
     root: Any = None,
 ) -> SourcePlan:
-    from chute.sources.index import DATA_COLUMN, PATH_COLUMN, _extra_type, check_pickles, read_index
+    from chute.sources.index import DATA_COLUMN, PATH_COLUMN, _extra_type, check_pickles, read_index, source_metadata
 
     index = read_index(src, path_column=path_column)
     check_pickles(index, allow_pickle)
@@ -75,7 +75,7 @@ def _index(
     ]
     return SourcePlan(
         "index", _chunks(entries, rows), functools.partial(_read_index_part, allow_pickle), schema,
-        {"source": {"kind": "index", "index": os.path.abspath(index.source), "root": index.base(root)}},
+        {"source": source_metadata(index, root)},
     )
 
 
