@@ -1,0 +1,140 @@
+"""Blocks of rows in, a committed chute dataset out: the array sources' write path.
+
+An array source (HDF5, Zarr) and a parallel record reader (LMDB, TFRecord)
+hands over rows a *block* at a time: a dict of column name to the block's
+values, a numpy array of ``rows`` rows for each fixed-size column (tensor,
+scalar) and a list for each other column. :class:`BlockShards` cuts the blocks
+into shards exactly where the per-sample writer would (the same bytes counted
+per row, the shard written once it reaches ``shard_size``), copies each
+fixed-size column into its shard with one numpy concatenation instead of one
+call per row, and appends the other columns' values through the per-sample
+builders (which check each value). :func:`write_blocks` is
+:func:`chute.sources._write.write_samples` for blocks: the same writer, lock,
+progress bar and abort on any error.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+import chute
+from chute.errors import SchemaError
+from chute.format.builders import cast_exact, make_builder
+from chute.format.columns import numpy_dtype
+from chute.format.schema import FIXED_SIZE, ColumnType, Schema, Tensor, arrow_type
+from chute.format.writer import DEFAULT_SHARD_SIZE, ShardWriter
+from chute.sources._progress import Progress
+from chute.storage.open import open_dataset
+from chute.storage.write import Writer
+
+__all__ = ["BlockShards", "fixed_block", "write_blocks"]
+
+
+def fixed_block(name: str, ctype: Any, values: Any, rows: int, where: str) -> np.ndarray:
+    """``values`` as the ``(rows, *shape)`` array of ``ctype``'s storage dtype, or a SchemaError naming ``where``."""
+    array = np.asarray(values)
+    shape = (rows, *ctype.shape) if isinstance(ctype, Tensor) else (rows,)
+    want = numpy_dtype(ctype.dtype)
+    if array.shape != shape:
+        raise SchemaError(f"{where}, column {name!r}: a block of shape {array.shape}, expected {shape}")
+    if array.dtype != want:
+        cast = cast_exact(array, ctype.dtype) if array.dtype.kind in "biuf" else None
+        if cast is None:
+            raise SchemaError(f"{where}, column {name!r}: {array.dtype} values do not fit the column's {ctype.dtype}")
+        array = cast.astype(want, copy=False)
+    return array
+
+
+def _fixed_arrow(ctype: Any, parts: list[np.ndarray]) -> pa.Array:
+    """One shard's fixed-size column from its blocks: one concatenation, no Python object per row."""
+    array = np.concatenate(parts) if len(parts) != 1 else parts[0]
+    if not isinstance(ctype, Tensor):
+        return pa.array(array, type=arrow_type(ctype))
+    flat = np.ascontiguousarray(array).reshape(-1)
+    storage = pa.FixedSizeListArray.from_arrays(pa.array(flat), max(1, math.prod(ctype.shape)))
+    return pa.ExtensionArray.from_storage(arrow_type(ctype), storage)
+
+
+class BlockShards(ShardWriter):
+    """A :class:`ShardWriter` fed blocks of rows (see the module doc)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fixed = [(name, ctype) for name, ctype in self.schema if isinstance(ctype, FIXED_SIZE)]
+        self.variable = [(name, builder) for name, builder in self.builders if not isinstance(self.schema[name], FIXED_SIZE)]
+        self.fixed_row_bytes = sum(ctype.row_bytes for _, ctype in self.fixed)
+        self.parts: dict[str, list[np.ndarray]] = {name: [] for name, _ in self.fixed}
+        self.position = 0  # rows added before this block: the sample numbers errors name
+
+    def add(self, block: Mapping[str, Any], rows: int, where: str = "a block") -> None:
+        """Add ``rows`` rows; ``where`` names the block in errors."""
+        missing = sorted(set(self.names) - set(block))
+        if missing:
+            raise SchemaError(f"{where}: no values for column(s) {missing}")
+        fixed = {name: fixed_block(name, ctype, block[name], rows, where) for name, ctype in self.fixed}
+        start = 0
+        while start < rows:
+            if self.variable:  # the builders count what each value adds, as the per-sample writer does
+                end = start
+                while end < rows and self.bytes < self.shard_size:
+                    for name, builder in self.variable:
+                        self.bytes += builder.append(block[name][end], self.position + end)
+                    self.bytes += self.fixed_row_bytes
+                    end += 1
+            else:
+                room = self.shard_size - self.bytes
+                end = min(rows, start + max(1, -(-room // max(1, self.fixed_row_bytes))))
+                self.bytes += (end - start) * self.fixed_row_bytes
+            for name, _ in self.fixed:
+                self.parts[name].append(fixed[name][start:end])
+            self.rows += end - start
+            start = end
+            if self.bytes >= self.shard_size:
+                self.flush()
+        self.position += rows
+
+    def flush(self) -> None:
+        if self.rows == 0:
+            return
+        fixed = {name: _fixed_arrow(ctype, self.parts[name]) for name, ctype in self.fixed}
+        variable = {name: builder.finish() for name, builder in self.variable}
+        arrays = [fixed[name] if name in fixed else variable[name] for name in self.schema.names]
+        self.parts = {name: [] for name, _ in self.fixed}
+        self.write_batch(pa.record_batch(arrays, schema=self.arrow_schema))
+
+
+def write_blocks(
+    blocks: Iterable[tuple[Mapping[str, Any], int, str]],
+    dst: str | os.PathLike,
+    *,
+    schema: Mapping[str, ColumnType],
+    progress: Progress,
+    metadata: Mapping[str, Any] | None = None,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    overwrite: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> chute.Dataset:
+    """Write ``(block, rows, where)`` triples to a dataset at ``dst`` (a folder or a URL), commit it and open it."""
+    writer = Writer(dst, schema=Schema.from_dict(dict(schema)), metadata=metadata, shard_size=shard_size, overwrite=overwrite,
+                    storage_options=storage_options)
+    assert writer.schema is not None  # given
+    writer.part = shards = BlockShards(
+        writer.root, writer.schema, token=writer.token, shard_size=writer.shard_size, checksum=writer.checksum,
+        durable=writer.durable, upload=writer.upload,
+    )
+    with progress:
+        try:
+            for block, rows, where in blocks:
+                shards.add(block, rows, where)
+                progress.update(rows)
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+    return open_dataset(writer.url, storage_options=storage_options)
