@@ -25,15 +25,15 @@ import pyarrow as pa
 
 import chute
 from chute.errors import SchemaError
-from chute.format.builders import cast_exact, make_builder
+from chute.format.builders import cast_exact
 from chute.format.columns import numpy_dtype
-from chute.format.schema import FIXED_SIZE, ColumnType, Schema, Tensor, arrow_type
+from chute.format.schema import FIXED_SIZE, ColumnType, Schema, Tensor, arrow_type, as_array
 from chute.format.writer import DEFAULT_SHARD_SIZE, ShardWriter
 from chute.sources._progress import Progress
 from chute.storage.open import open_dataset
 from chute.storage.write import Writer
 
-__all__ = ["BlockShards", "fixed_block", "write_blocks"]
+__all__ = ["BlockShards", "fixed_block", "rows_block", "write_blocks"]
 
 
 def fixed_block(name: str, ctype: Any, values: Any, rows: int, where: str) -> np.ndarray:
@@ -49,6 +49,24 @@ def fixed_block(name: str, ctype: Any, values: Any, rows: int, where: str) -> np
             raise SchemaError(f"{where}, column {name!r}: {array.dtype} values do not fit the column's {ctype.dtype}")
         array = cast.astype(want, copy=False)
     return array
+
+
+def rows_block(samples: list[Mapping[str, Any]], schema: Mapping[str, ColumnType], where: str) -> dict[str, Any]:
+    """Row dicts as one block: each fixed-size column stacked into one array (the per-row work, done where the rows
+    were read: a reader process), the other columns as lists of values."""
+    block: dict[str, Any] = {}
+    for name, ctype in schema.items():
+        values = [sample[name] for sample in samples]
+        if not isinstance(ctype, FIXED_SIZE):
+            block[name] = values
+            continue
+        shape = (len(values), *ctype.shape) if isinstance(ctype, Tensor) else (len(values),)
+        try:
+            arrays = [as_array(v) if not isinstance(v, (int, float, np.generic)) else v for v in values]
+            block[name] = np.stack(arrays) if values and isinstance(ctype, Tensor) else np.asarray(arrays).reshape(shape)
+        except (ValueError, TypeError) as exc:
+            raise SchemaError(f"{where}, column {name!r}: the values do not stack into {ctype.describe()} ({exc})") from None
+    return block
 
 
 def _fixed_arrow(ctype: Any, parts: list[np.ndarray]) -> pa.Array:

@@ -82,12 +82,23 @@ def load_file(path: str, *, allow_pickle: bool = False, storage_options: dict[st
     else:
         raw = read_bytes(path)
     if ext in PICKLE_EXTENSIONS:
-        return pickle.loads(raw)
+        return unpickle(raw)
     if ext == ".json":
         return json.loads(raw)
     if ext == ".npy":
-        return np.load(io.BytesIO(raw), allow_pickle=False)
+        return load_npy(raw)
     return raw
+
+
+def unpickle(raw: bytes) -> Any:
+    """The object pickled in ``raw``: every source's pickles (files, LMDB values) go through here, and only
+    after the caller checked that the user opted in (``allow_pickle``)."""
+    return pickle.loads(raw)
+
+
+def load_npy(raw: bytes) -> np.ndarray:
+    """The array of ``.npy`` bytes, never unpickling (object arrays are refused)."""
+    return np.load(io.BytesIO(raw), allow_pickle=False)
 
 
 def load_indexed_file(item: tuple[str, str, str], *, allow_pickle: bool, storage_options: dict[str, Any] | None = None) -> Any:

@@ -1,0 +1,229 @@
+"""LMDB databases (the ``lmdb`` package): one sample per key, converted.
+
+The database is a directory holding ``data.mdb`` (or, opened with
+``subdir=False``, a single ``.mdb``/``.lmdb`` file). Every key of the main
+database, in key order, is one row: the key is the column ``key`` (str when
+every key is UTF-8, else bytes) and the value is decoded by what it starts
+with, the first value deciding for all:
+
+=================================  ======================================================
+value                              decoded as
+=================================  ======================================================
+a pickle (protocol 2 and later)    the unpickled object, only with ``allow_pickle=True``
+                                   (through the same function as ``.pkl`` files)
+``.npy`` bytes (``\\x93NUMPY``)     the array (never unpickling)
+anything else                      the raw bytes (an encoded image per key, say)
+=================================  ======================================================
+
+A pickled dict of record fields becomes one column per key (nested dicts
+dotted), as the index converter's files do: the types come from every value,
+read in a first pass that keeps only a summary (:mod:`chute.format.infer`).
+Both passes run in reader processes, each opening the database read-only and
+walking its own range of keys; rows keep key order.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import chute
+from chute.errors import ChuteError, PickleRefusedError
+from chute.format.infer import Column, InferenceError, Summary, extract
+from chute.format.schema import Bytes, ColumnType, String
+from chute.sources._blocks import rows_block, write_blocks
+from chute.sources._dicts import plan_columns
+from chute.sources._files import PICKLE_RISK, load_npy, unpickle
+from chute.sources._hints import from_inference
+from chute.sources._parallel import OrderedPool, chunk_size_for
+from chute.sources._progress import Progress
+from chute.sources._write import DEFAULT_SHARD_SIZE
+
+KEY_COLUMN = "key"
+DATA_COLUMN = "data"
+LMDB_FILES = (".mdb", ".lmdb")
+API = "from_lmdb() / convert()"
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def _lmdb() -> Any:
+    try:
+        import lmdb
+    except ImportError:
+        raise ChuteError("reading LMDB databases needs the lmdb package: pip install 'chute[lmdb]'") from None
+    return lmdb
+
+
+def is_lmdb_dir(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "data.mdb"))
+
+
+def _env(path: str) -> Any:
+    lmdb = _lmdb()
+    try:  # lock=False: a reader of a database nobody writes to now; readahead off: rows are read in key order anyway
+        return lmdb.open(path, readonly=True, lock=False, subdir=os.path.isdir(path), readahead=False, max_readers=512)
+    except lmdb.Error as exc:
+        raise ChuteError(f"{path} cannot be opened as an LMDB database ({exc})") from None
+
+
+def value_format(value: bytes) -> str:
+    """``pickle``, ``npy`` or ``bytes``: how the values are decoded, from the first one."""
+    if len(value) >= 2 and value[0] == 0x80 and 2 <= value[1] <= 5:
+        return "pickle"
+    if value.startswith(NPY_MAGIC):
+        return "npy"
+    return "bytes"
+
+
+def decode(value: bytes, fmt: str, where: str) -> Any:
+    try:
+        if fmt == "pickle":
+            return unpickle(value)
+        if fmt == "npy":
+            return load_npy(value)
+    except Exception as exc:  # a damaged value: any unpickling or npy error
+        raise ChuteError(f"{where}: the value cannot be read as {fmt} ({type(exc).__name__}: {exc})") from None
+    return bytes(value)
+
+
+def _key_text(key: bytes, as_str: bool) -> Any:
+    return key.decode("utf-8") if as_str else bytes(key)
+
+
+def _where(path: str, key: bytes) -> str:
+    return f"{os.path.basename(os.path.normpath(path))} key {key[:64]!r}"
+
+
+def _records(path: str, part: tuple[bytes, int, int]) -> Any:
+    """``(key, value)`` of ``count`` keys from ``first`` on (one reader's range, starting at row ``offset``)."""
+    first, count, _ = part
+    env = _env(path)
+    try:
+        with env.begin(buffers=False) as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(first):
+                return
+            for _ in range(count):
+                yield cursor.key(), cursor.value()
+                if not cursor.next():
+                    return
+    finally:
+        env.close()
+
+
+def summarise(path: str, fmt: str, part: tuple[bytes, int, int]) -> list[tuple[Summary, bool]]:
+    """A reader task of the first pass: the summary of the values of one range, and whether every key is UTF-8."""
+    summary, utf8 = Summary(), True
+    position = part[2]
+    for key, value in _records(path, part):
+        summary.add({DATA_COLUMN: decode(value, fmt, _where(path, key))}, position)
+        position += 1
+        if utf8:
+            try:
+                key.decode("utf-8")
+            except UnicodeDecodeError:
+                utf8 = False
+    return [(summary, utf8)]
+
+
+def read_part(path: str, fmt: str, columns: list[Column], schema: dict[str, ColumnType], keys_as_str: bool,
+              part: tuple[bytes, int, int]) -> list[tuple[dict[str, Any], int, str]]:
+    """A reader task of the second pass: one range of keys as a block of rows."""
+    rows = []
+    for key, value in _records(path, part):
+        sample = {KEY_COLUMN: _key_text(key, keys_as_str)}
+        sample.update(extract({DATA_COLUMN: decode(value, fmt, _where(path, key))}, columns))
+        rows.append(sample)
+    where = _where(path, part[0])
+    return [(rows_block(rows, schema, where), len(rows), where)]
+
+
+def _parts(path: str, workers: int) -> tuple[list[tuple[bytes, int, int]], int, bytes | None]:
+    """The key ranges (first key, count, first row) the readers take, the number of keys, and the first value."""
+    env = _env(path)
+    try:
+        entries = int(env.stat()["entries"])
+        size = chunk_size_for(entries, workers) * 16  # a range per task: a few thousand small values
+        parts: list[tuple[bytes, int, int]] = []
+        first_value = None
+        with env.begin(buffers=False) as txn:
+            cursor = txn.cursor()
+            if cursor.first():
+                first_value = cursor.value()
+            for k, key in enumerate(cursor.iternext(keys=True, values=False)):
+                if k % size == 0:
+                    parts.append((key, size, k))
+            count = k + 1 if parts else 0
+    finally:
+        env.close()
+    return parts, count, first_value
+
+
+def from_lmdb(
+    path: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    allow_pickle: bool = False,
+    column_types: Mapping[str, ColumnType] | None = None,
+    workers: int | None = None,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> chute.Dataset:
+    """Convert an LMDB database: a row per key (``key`` column), its value decoded as the module doc says.
+
+    Pickled values need ``allow_pickle=True`` (they can run code: only databases you
+    trust). ``column_types`` declares some columns' types as for the index converter.
+    Values are read by ``workers`` processes (default: one per CPU; 0 reads in this
+    process), twice: once for the types, once to write.
+    """
+    source = os.fspath(path)
+    if not os.path.exists(source):
+        raise ChuteError(f"LMDB database {source} does not exist")
+    if os.path.isdir(source) and not is_lmdb_dir(source):
+        raise ChuteError(f"{source} holds no data.mdb: it is not an LMDB database directory")
+    name = os.path.basename(os.path.normpath(source))
+    declared = dict(column_types or {})
+    with OrderedPool(workers) as pool:
+        parts, count, first = _parts(source, pool.workers)
+        if first is None:
+            raise ChuteError(f"LMDB database {source} holds no keys; there is nothing to convert")
+        fmt = value_format(first)
+        if fmt == "pickle" and not allow_pickle:
+            raise PickleRefusedError(
+                f"LMDB database {name} holds pickled values ({count} keys); chute does not unpickle by default "
+                f"because {PICKLE_RISK}. If you trust the database, opt in with allow_pickle=True (chute convert --allow-pickle)"
+            )
+        summary, keys_as_str = Summary(), True
+        with Progress(count, "chute convert (lmdb): reading types", enabled=progress, unit="keys") as bar:
+            for part, utf8 in pool.map(functools.partial(summarise, source, fmt), parts):
+                summary.merge(part)
+                keys_as_str = keys_as_str and utf8
+                bar.update(part.samples)
+        places = _Places(name, parts)
+        columns = plan_columns(summary, declared, [KEY_COLUMN], places, API)  # type: ignore[arg-type]  # indexable by position
+        schema: dict[str, ColumnType] = {KEY_COLUMN: String() if keys_as_str else Bytes()}
+        schema.update((c.name, c.ctype) for c in columns)
+        read = functools.partial(read_part, source, fmt, columns, schema, keys_as_str)
+        try:
+            return write_blocks(
+                pool.map(read, parts), dst, schema=schema,
+                progress=Progress(count, "chute convert (lmdb)", enabled=progress, unit="keys"),
+                metadata={"source": {"kind": "lmdb", "database": name, "values": fmt}},
+                shard_size=shard_size, overwrite=overwrite,
+            )
+        except InferenceError as exc:
+            raise from_inference(exc, exc.detail, API, declared=declared) from None
+
+
+class _Places:
+    """``places[i]``: "db key number i" for messages, without a list of every key."""
+
+    def __init__(self, name: str, parts: list[tuple[bytes, int, int]]) -> None:
+        self.name, self.parts = name, parts
+
+    def __getitem__(self, i: int) -> str:
+        first, size, _ = self.parts[i // self.parts[0][1]]
+        return f"{self.name} key number {i} ({i % size} after key {first[:64]!r})"
