@@ -11,6 +11,7 @@ directory with ``dataset_info.json``, ``state.json`` or
 ``dataset_dict.json`` (``save_to_disk``)                  hf
 directory of Parquet / Arrow / Feather files              arrow
 directory of tars                                         webdataset
+directory of TFRecord files                               tfrecord
 directory whose subdirectories hold images                images
 ========================================================  ============
 
@@ -27,11 +28,15 @@ from collections.abc import Sequence
 from chute.errors import ChuteError
 from chute.sources._files import IMAGE_EXTENSIONS
 from chute.sources.arrow import ARROW_EXTENSIONS
+from chute.sources.hdf5 import HDF5_EXTENSIONS
 from chute.sources.hf import SAVED_MARKERS
 from chute.sources.jsonl import JSONL_EXTENSIONS
+from chute.sources.lmdb import LMDB_FILES, is_lmdb_dir
+from chute.sources.tfrecord import TFRECORD_EXTENSIONS
 from chute.sources.webdataset import TAR_EXTENSIONS, expand_braces
+from chute.sources.zarr import is_zarr_dir
 
-KINDS = ("index", "images", "arrow", "hf", "numpy", "webdataset", "jsonl")
+KINDS = ("index", "images", "arrow", "hf", "numpy", "webdataset", "jsonl", "hdf5", "zarr", "lmdb", "tfrecord")
 INDEX_EXTENSIONS = (".csv", ".tsv", ".txt")
 NUMPY_EXTENSIONS = (".npy", ".npz")
 
@@ -44,6 +49,10 @@ def _kind_of_file(path: str) -> str | None:
         ("arrow", ARROW_EXTENSIONS),
         ("webdataset", TAR_EXTENSIONS),
         ("jsonl", JSONL_EXTENSIONS),
+        ("hdf5", HDF5_EXTENSIONS),
+        ("tfrecord", TFRECORD_EXTENSIONS),
+        ("lmdb", LMDB_FILES),
+        ("zarr", (".zarr", ".zarr/")),
     ):
         if name.endswith(extensions):
             return kind
@@ -64,8 +73,12 @@ def _kind_of_dir(path: str) -> str | None:
         return "hf"
     if "manifest.json" in names and any(n.endswith(".arrow") and n.startswith("shard-") for n in names):
         raise ChuteError(f"{path} is already a chute dataset; open it with chute.open")
+    if is_zarr_dir(path):
+        return "zarr"
+    if is_lmdb_dir(path):
+        return "lmdb"
     files = [n for n in names if os.path.isfile(os.path.join(path, n))]
-    for kind in ("arrow", "webdataset"):
+    for kind in ("arrow", "webdataset", "tfrecord"):
         if any(_kind_of_file(n) == kind for n in files):
             return kind
     subdirs = sorted(n for n in names if not n.startswith(".") and os.path.isdir(os.path.join(path, n)))
@@ -116,6 +129,7 @@ def detect_kind(src: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
             f"cannot tell what kind of source {path} is; pass kind= (chute convert --kind) with one of: "
             "index (a .csv/.tsv/.txt list of files), images (class folders of images), arrow "
             "(.parquet/.arrow/.feather files), hf (a Hugging Face save_to_disk directory), numpy "
-            "(.npy/.npz), webdataset (.tar shards), jsonl (.jsonl/.ndjson JSON lines)"
+            "(.npy/.npz), webdataset (.tar shards), jsonl (.jsonl/.ndjson JSON lines), hdf5 (.h5/.hdf5/.nc), zarr "
+            "(a Zarr group directory or URL), lmdb (a directory holding data.mdb), tfrecord (.tfrecord files of Examples)"
         )
     return kind

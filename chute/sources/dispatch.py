@@ -15,12 +15,16 @@ from chute.sources._remote import is_remote, local_copy
 from chute.sources._write import DEFAULT_SHARD_SIZE
 from chute.sources.arrow import from_arrow_files
 from chute.sources.detect import KINDS, detect_kind
+from chute.sources.hdf5 import from_hdf5
 from chute.sources.hf import from_hf
 from chute.sources.images import from_image_folder
 from chute.sources.index import from_index
 from chute.sources.jsonl import from_jsonl
+from chute.sources.lmdb import from_lmdb
 from chute.sources.npy import from_numpy
+from chute.sources.tfrecord import from_tfrecord
 from chute.sources.webdataset import from_webdataset
+from chute.sources.zarr import from_zarr
 
 CONVERTERS: dict[str, Callable[..., chute.Dataset]] = {
     "index": from_index,
@@ -30,11 +34,17 @@ CONVERTERS: dict[str, Callable[..., chute.Dataset]] = {
     "numpy": from_numpy,
     "webdataset": from_webdataset,
     "jsonl": from_jsonl,
+    "hdf5": from_hdf5,
+    "zarr": from_zarr,
+    "lmdb": from_lmdb,
+    "tfrecord": from_tfrecord,
 }
-TAKES_URLS = frozenset({"index", "jsonl"})
+TAKES_URLS = frozenset({"index", "jsonl", "zarr", "tfrecord"})
 """Kinds that read URLs themselves; a remote source of another kind is downloaded to a temporary copy first."""
-USES_WORKERS = frozenset({"index", "images"})
+USES_WORKERS = frozenset({"index", "images", "hdf5", "zarr", "lmdb", "tfrecord"})
 """Kinds read by a pool of processes; the others stream natively (Arrow) or sequentially (tar, npy)."""
+TAKES_PICKLES = frozenset({"index", "lmdb"})
+"""Kinds that unpickle only with allow_pickle=True."""
 
 
 def convert(
@@ -53,11 +63,12 @@ def convert(
     """Convert ``src`` into a chute dataset at ``dst`` and open it.
 
     ``kind`` is one of ``index``, ``images``, ``arrow``, ``hf``, ``numpy``,
-    ``webdataset``; when None it is detected from ``src`` (see
-    :func:`chute.sources.detect.detect_kind`). ``allow_pickle`` lets the index
-    converter unpickle ``.pkl`` files (they can run arbitrary code: only for files you
-    trust). ``workers`` is the number of reader processes for the index and image
-    converters (default: one per CPU; 0 reads in this process). ``kind_specific``
+    ``webdataset``, ``jsonl``, ``hdf5``, ``zarr``, ``lmdb``, ``tfrecord``; when None it
+    is detected from ``src`` (see :func:`chute.sources.detect.detect_kind`).
+    ``allow_pickle`` lets the index and LMDB converters unpickle (pickles can run
+    arbitrary code: only for data you trust). ``workers`` is the number of reader
+    processes for the index, image, HDF5, Zarr, LMDB and TFRecord converters
+    (default: one per CPU; 0 reads in this process). ``kind_specific``
     goes to the converter (e.g. ``path_column=``, ``root=``, ``data_type=`` for index,
     ``split=`` for hf, ``columns=`` for arrow/hf, ``column=`` for numpy); an option the
     kind does not take is an error. If anything fails, nothing valid is left at ``dst``.
@@ -85,11 +96,11 @@ def convert(
     options: dict[str, Any] = {"shard_size": shard_size, "overwrite": overwrite, "progress": progress}
     if kind in USES_WORKERS:
         options["workers"] = workers
-    if kind == "index":
+    if kind in TAKES_PICKLES:
         options["allow_pickle"] = allow_pickle
     converter = CONVERTERS[kind]
     if kind not in TAKES_URLS and isinstance(src, (str, os.PathLike)) and is_remote(os.fspath(src)):
-        if kind not in ("arrow", "webdataset", "numpy"):
+        if kind not in ("arrow", "webdataset", "numpy", "hdf5"):
             raise ChuteError(f"{src}: a remote {kind} source cannot be converted where it is; copy it locally first")
         storage_options = kind_specific.pop("storage_options", None)
         _check_options(kind, converter, kind_specific)
