@@ -12,6 +12,7 @@ else is a bug in chute and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import socket
 import sys
@@ -37,6 +38,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; an option the command does not know is refused with the command's usage and, when one is
+    close, the option meant (``--tokeniser``: did you mean --tokenizer?)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = _subparser(parser, args.command)
+        options = [o for action in command._actions for o in action.option_strings if o.startswith("--")]
+        hints = []
+        for arg in unknown:
+            name = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(name, options, n=1, cutoff=0.6) if name.startswith("-") else []
+            if close:
+                hints.append(f"{name}: did you mean {close[0]}?")
+        command.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else ""))
+    return args
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # argparse keeps its subparsers in the one _SubParsersAction
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    return parser
+
+
 def _fail(command: str, message: str) -> int:
     print(f"chute {command}: error: {message}", file=sys.stderr)
     return 1
@@ -52,7 +77,7 @@ def _stop_writing_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
     except KeyboardInterrupt:  # Ctrl-C while the arguments are parsed (--data-type imports chute)
         print("chute: interrupted", file=sys.stderr)
         return 130

@@ -12,6 +12,9 @@ from chute.errors import ChuteError
 CONVERT_OPTIONS = ("path_column", "root", "data_type", "column_types", "cast", "split", "columns", "decode")
 """``chute convert`` flags that go to one kind of converter only (unset ones are not passed)."""
 
+KINDS = ("index", "images", "arrow", "hf", "numpy", "webdataset", "jsonl", "hdf5", "zarr", "lmdb", "tfrecord")
+"""chute.sources.KINDS, spelt out: ``chute --help`` does not import the converters (tests/test_cli.py checks they agree)."""
+
 TEXT_OPTIONS = ("text_key", "eos", "eos_id", "keep_empty", "vocab_size")
 """``chute convert`` flags that go to the text conversion only (chute/tokens/text.py, docs/tokens.md)."""
 
@@ -42,12 +45,15 @@ def _names(text: str) -> list[str]:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("convert", help="convert a dataset (index of files, image folder, parquet/arrow, HF, numpy, webdataset) to chute's format")
+    p = sub.add_parser("convert", help="convert a dataset (index of files, image folder, parquet/arrow, HF, numpy, webdataset, "
+                                       "jsonl, HDF5, Zarr, LMDB, TFRecord) to chute's format")
     p.add_argument("src", help="source: index .csv/.txt, image folder, .parquet/.arrow file or dir, HF save_to_disk dir, .npy/.npz, "
-                               ".tar or dir of .tar, .jsonl; an index, .jsonl, .parquet or .tar may be an s3://, gs:// or https:// URL")
+                               ".tar or dir of .tar, .jsonl, .h5/.nc, a Zarr group, an LMDB dir, .tfrecord files; an index, .jsonl, "
+                               ".parquet, .tar, .h5, Zarr group or .tfrecord may be an s3://, gs:// or https:// URL")
     p.add_argument("dst", help="directory (or s3:// / gs:// URL) to write the chute dataset to")
-    p.add_argument("--kind", choices=["index", "images", "arrow", "hf", "numpy", "webdataset", "jsonl"], help="source kind (default: detected from SRC)")
-    p.add_argument("--allow-pickle", action="store_true", help="unpickle .pkl/.pickle files (runs code from the files: only for files you trust)")
+    p.add_argument("--kind", choices=KINDS, help="source kind (default: detected from SRC)")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="unpickle .pkl/.pickle files and pickled LMDB values (runs code from the data: only for data you trust)")
     p.add_argument("--workers", type=at_least(0), default=None, help="reader processes (default: CPU count; 0 reads in this process)")
     p.add_argument("--shard-size", type=size, default="128MiB", help="target shard size, e.g. 64MB (default 128MiB)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
@@ -57,10 +63,10 @@ def add(sub) -> None:
     p.add_argument("--data-type", type=_column_type, default=None, metavar="TYPE",
                    help="index: the type of the data column, e.g. 'ragged(float32, 2)', json, bytes (default: inferred)")
     p.add_argument("--column-type", dest="column_types", type=_named_column_type, action="append", default=None, metavar="NAME=TYPE",
-                   help="index, jsonl: the type of a column, e.g. 'x=ragged(float32, 3)', 'label=string' (repeatable; default: inferred)")
+                   help="index, jsonl, lmdb, tfrecord: the type of a column, e.g. 'x=ragged(float32, 3)', 'label=string' (repeatable; default: inferred)")
     p.add_argument("--cast", action="store_true", default=None, help="index, jsonl: round float values to a narrower float column (float64 into float32)")
     p.add_argument("--split", default=None, help="hf: the split of a DatasetDict to convert")
-    p.add_argument("--columns", type=_names, default=None, metavar="A,B,...", help="arrow, hf: convert only these columns")
+    p.add_argument("--columns", type=_names, default=None, metavar="A,B,...", help="arrow, hf, hdf5, zarr: convert only these columns (arrays)")
     p.add_argument("--decode", action="store_true", default=None,
                    help="images: store decoded uint8[3,H,W] pixels instead of the files (all images one size; "
                         "3*H*W bytes each, typically 5-15x the JPEG; training then skips decoding)")

@@ -244,8 +244,8 @@ class Writer:
             if previous is not None and not overwrite:
                 shutil.rmtree(self.staging, ignore_errors=True)
                 raise ChuteError(
-                    f"{self.url} already holds a chute dataset ({previous.rows} rows); pass "
-                    "overwrite=True (chute convert --overwrite) to replace it"
+                    f"{self.url} already holds a chute dataset ({previous.rows} rows); to replace it: "
+                    "chute convert --overwrite (overwrite=True in Python)"
                 )
             return previous
         if os.path.exists(self.root) and not os.path.isdir(self.root):
@@ -270,8 +270,8 @@ class Writer:
             previous = self._read_previous()
             if previous is not None and not overwrite:
                 raise ChuteError(
-                    f"{self.root} already holds a chute dataset ({previous.rows} rows); pass "
-                    "overwrite=True (chute convert --overwrite) to replace it"
+                    f"{self.root} already holds a chute dataset ({previous.rows} rows); to replace it: "
+                    "chute convert --overwrite (overwrite=True in Python)"
                 )
             keep = {s.stored_file for s in previous.shards} if previous else set()
             self._remove_leftovers(keep)
