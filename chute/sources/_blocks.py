@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,10 @@ from chute.sources._progress import Progress
 from chute.storage.open import open_dataset
 from chute.storage.write import Writer
 
-__all__ = ["BlockShards", "fixed_block", "rows_block", "write_blocks"]
+__all__ = ["Block", "BlockShards", "fixed_block", "rows_block", "write_blocks"]
+
+Block = tuple[dict[str, Any], int, str]
+"""``(values by column, rows, where)``: a block of rows and what names it in errors."""
 
 
 def fixed_block(name: str, ctype: Any, values: Any, rows: int, where: str) -> np.ndarray:
@@ -51,7 +54,7 @@ def fixed_block(name: str, ctype: Any, values: Any, rows: int, where: str) -> np
     return array
 
 
-def rows_block(samples: list[Mapping[str, Any]], schema: Mapping[str, ColumnType], where: str) -> dict[str, Any]:
+def rows_block(samples: Sequence[Mapping[str, Any]], schema: Mapping[str, ColumnType], where: str) -> dict[str, Any]:
     """Row dicts as one block: each fixed-size column stacked into one array (the per-row work, done where the rows
     were read: a reader process), the other columns as lists of values."""
     block: dict[str, Any] = {}
@@ -62,7 +65,7 @@ def rows_block(samples: list[Mapping[str, Any]], schema: Mapping[str, ColumnType
             continue
         shape = (len(values), *ctype.shape) if isinstance(ctype, Tensor) else (len(values),)
         try:
-            arrays = [as_array(v) if not isinstance(v, (int, float, np.generic)) else v for v in values]
+            arrays: list[Any] = [as_array(v) if not isinstance(v, (int, float, np.generic)) else v for v in values]
             block[name] = np.stack(arrays) if values and isinstance(ctype, Tensor) else np.asarray(arrays).reshape(shape)
         except (ValueError, TypeError) as exc:
             raise SchemaError(f"{where}, column {name!r}: the values do not stack into {ctype.describe()} ({exc})") from None
@@ -128,7 +131,7 @@ class BlockShards(ShardWriter):
 
 
 def write_blocks(
-    blocks: Iterable[tuple[Mapping[str, Any], int, str]],
+    blocks: Iterable[Block],
     dst: str | os.PathLike,
     *,
     schema: Mapping[str, ColumnType],

@@ -30,8 +30,9 @@ import numpy as np
 
 import chute
 from chute.errors import ChuteError
+from chute.format.schema import Scalar, Tensor
 from chute.sources._arrays import ArrayInfo, Layout, attributes, block_values, choose, column_name
-from chute.sources._blocks import write_blocks
+from chute.sources._blocks import Block, write_blocks
 from chute.sources._parallel import OrderedPool
 from chute.sources._progress import Progress
 from chute.sources._write import DEFAULT_SHARD_SIZE
@@ -125,7 +126,7 @@ def _metadata(path: str, layout: Layout, attrs: dict[str, Any], kind: str = "hdf
     return {"source": source, "hdf5": {"attributes": attrs}} if attrs else {"source": source}
 
 
-def read_span(path: str, layout: Layout, span: tuple[int, int]) -> list[tuple[dict[str, Any], int, str]]:
+def read_span(path: str, layout: Layout, span: tuple[int, int]) -> list[Block]:
     """Rows ``span`` of every column, as one block (a reader task: opens the file itself)."""
     h5py = _h5py()
     a, b = span
@@ -189,6 +190,7 @@ def in_place(path: str, columns: list[str] | None = None) -> tuple[Layout, list[
                     f"{path}: dataset {info.path} cannot be read in place: it is {why}; convert the file "
                     f"(chute convert {os.path.basename(path)} OUT), or leave the dataset out with columns="
                 )
+            assert isinstance(ctype, (Tensor, Scalar))  # numbers (_not_mappable)
             mapped.append(Mapped(info.name, path, int(ds.id.get_offset()), ctype))
     return layout, mapped, attrs
 

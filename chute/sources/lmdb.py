@@ -33,7 +33,7 @@ import chute
 from chute.errors import ChuteError, PickleRefusedError
 from chute.format.infer import Column, InferenceError, Summary, extract
 from chute.format.schema import Bytes, ColumnType, String
-from chute.sources._blocks import rows_block, write_blocks
+from chute.sources._blocks import Block, rows_block, write_blocks
 from chute.sources._dicts import plan_columns
 from chute.sources._files import PICKLE_RISK, load_npy, unpickle
 from chute.sources._hints import from_inference
@@ -129,7 +129,7 @@ def summarise(path: str, fmt: str, part: tuple[bytes, int, int]) -> list[tuple[S
 
 
 def read_part(path: str, fmt: str, columns: list[Column], schema: dict[str, ColumnType], keys_as_str: bool,
-              part: tuple[bytes, int, int]) -> list[tuple[dict[str, Any], int, str]]:
+              part: tuple[bytes, int, int]) -> list[Block]:
     """A reader task of the second pass: one range of keys as a block of rows."""
     rows = []
     for key, value in _records(path, part):

@@ -38,17 +38,18 @@ import dataclasses
 import functools
 import glob
 import gzip
+import math
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 
 import chute
 from chute.errors import ChuteError, SchemaError, ShardError
 from chute.format.schema import Bytes, ColumnType, Json, Nullable, Ragged, Scalar, Tensor
-from chute.sources._blocks import write_blocks
+from chute.sources._blocks import Block, write_blocks
 from chute.sources._parallel import OrderedPool
 from chute.sources._progress import Progress
 from chute.sources._remote import is_remote, local_copy
@@ -126,7 +127,7 @@ def _is_gzip(path: str) -> bool:
 
 
 def _open(path: str) -> IO[bytes]:
-    return gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")
+    return cast("IO[bytes]", gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb"))
 
 
 def _damaged(name: str, record: int, what: str) -> ShardError:
@@ -346,7 +347,7 @@ def _value(kind: str | None, values: Any, ctype: ColumnType) -> Any:
     return np.asarray(values, dtype=dtype)
 
 
-def read_part(schema: dict[str, ColumnType], part: Part) -> list[tuple[dict[str, Any], int, str]]:
+def read_part(schema: dict[str, ColumnType], part: Part) -> list[Block]:
     """A reader task of the second pass: one part's records as a block (fixed-size columns filled in place)."""
     datas = list(part.records())
     n = len(datas)
@@ -368,12 +369,12 @@ def read_part(schema: dict[str, ColumnType], part: Part) -> list[tuple[dict[str,
                     raise SchemaError(f"{where} has no feature {name!r}; declare the column nullable to convert it")
                 continue
             kind = feature.WhichOneof("kind")
-            values = getattr(feature, kind).value if kind else ()
+            values: Any = getattr(feature, kind).value if kind else ()
             if isinstance(ctype, (Scalar, Tensor)):
-                expected = 1 if isinstance(ctype, Scalar) else ctype.shape[0]
+                expected = 1 if isinstance(ctype, Scalar) else math.prod(ctype.shape)
                 if len(values) != expected or kind == "bytes_list":
                     raise SchemaError(f"{where}: feature {name!r} holds {len(values)} {kind} values, the column {ctype.describe()}")
-                block[name][k] = values[0] if isinstance(ctype, Scalar) else values
+                block[name][k] = values[0] if isinstance(ctype, Scalar) else values if len(ctype.shape) == 1 else np.reshape(values, ctype.shape)
             else:
                 block[name][k] = _value(kind, values, ctype)
     return [(block, n, f"{part.name} records {part.first}-{part.first + n - 1}")]

@@ -26,7 +26,7 @@ import numpy as np
 import chute
 from chute.errors import ChuteError
 from chute.sources._arrays import ArrayInfo, Layout, attributes, block_values, choose, column_name
-from chute.sources._blocks import write_blocks
+from chute.sources._blocks import Block, write_blocks
 from chute.sources._parallel import OrderedPool
 from chute.sources._progress import Progress
 from chute.sources._remote import is_remote
@@ -114,7 +114,7 @@ def scan(src: str, storage_options: Mapping[str, Any] | None = None, columns: li
     return choose(arrays, src, columns), attrs
 
 
-def read_span(src: str, storage_options: Mapping[str, Any] | None, layout: Layout, span: tuple[int, int]) -> list[tuple[dict[str, Any], int, str]]:
+def read_span(src: str, storage_options: Mapping[str, Any] | None, layout: Layout, span: tuple[int, int]) -> list[Block]:
     """Rows ``span`` of every column, as one block (a reader task: opens the arrays itself)."""
     a, b = span
     block: dict[str, Any] = {}
