@@ -119,8 +119,9 @@ def scan(path: str, columns: list[str] | None = None) -> tuple[Layout, dict[str,
     return choose(arrays, path, columns), attrs
 
 
-def _metadata(path: str, layout: Layout, attrs: dict[str, Any], kind: str = "hdf5") -> dict[str, Any]:
-    source: dict[str, Any] = {"kind": kind, "file": os.path.basename(path)}
+def metadata(path: str, layout: Layout, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The dataset's metadata: the file's name, what was skipped and why, the attributes."""
+    source: dict[str, Any] = {"kind": "hdf5", "file": os.path.basename(path)}
     if layout.skipped:
         source["skipped"] = layout.skipped
     return {"source": source, "hdf5": {"attributes": attrs}} if attrs else {"source": source}
@@ -169,7 +170,7 @@ def from_hdf5(
             dst,
             schema=layout.types,
             progress=Progress(layout.rows, "chute convert (hdf5)", enabled=progress, unit="rows"),
-            metadata=_metadata(source, layout, attrs),
+            metadata=metadata(source, layout, attrs),
             shard_size=shard_size,
             overwrite=overwrite,
         )
@@ -228,4 +229,4 @@ def open_hdf5(
     """
     source = os.fspath(path)
     layout, mapped, attrs = in_place(source, columns)
-    return InPlaceArrays(source, mapped, layout.rows, shard_size=shard_size, metadata=_metadata(source, layout, attrs))
+    return InPlaceArrays(source, mapped, layout.rows, shard_size=shard_size, metadata=metadata(source, layout, attrs))

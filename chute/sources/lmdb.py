@@ -140,25 +140,70 @@ def read_part(path: str, fmt: str, columns: list[Column], schema: dict[str, Colu
     return [(rows_block(rows, schema, where), len(rows), where)]
 
 
-def _parts(path: str, workers: int) -> tuple[list[tuple[bytes, int, int]], int, bytes | None]:
-    """The key ranges (first key, count, first row) the readers take, the number of keys, and the first value."""
+def _parts(path: str, size: int | None, workers: int) -> tuple[list[tuple[bytes, int, int]], int, bytes | None]:
+    """The key ranges (first key, count, first row) of ``size`` keys (None: enough for ``workers`` readers to share)
+    the readers take, the number of keys, and the first value."""
     env = _env(path)
     try:
-        entries = int(env.stat()["entries"])
-        size = chunk_size_for(entries, workers) * 16  # a range per task: a few thousand small values
+        if size is None:  # a range per task: a few thousand small values
+            size = chunk_size_for(int(env.stat()["entries"]), workers) * 16
         parts: list[tuple[bytes, int, int]] = []
         first_value = None
+        count = 0
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
             if cursor.first():
                 first_value = cursor.value()
-            for k, key in enumerate(cursor.iternext(keys=True, values=False)):
-                if k % size == 0:
-                    parts.append((key, size, k))
-            count = k + 1 if parts else 0
+            for count, key in enumerate(cursor.iternext(keys=True, values=False), start=1):
+                if (count - 1) % size == 0:
+                    parts.append((key, size, count - 1))
     finally:
         env.close()
     return parts, count, first_value
+
+
+def plan(path: str, allow_pickle: bool, size: int | None, workers: int = 1) -> tuple[list[tuple[bytes, int, int]], int, str]:
+    """The key ranges of ``path`` (``size`` keys each, see :func:`_parts`), the number of keys and how values are decoded; a
+    PickleRefusedError (before any value is decoded) if they are pickles and ``allow_pickle`` is False."""
+    if not os.path.exists(path):
+        raise ChuteError(f"LMDB database {path} does not exist")
+    if os.path.isdir(path) and not is_lmdb_dir(path):
+        raise ChuteError(f"{path} holds no data.mdb: it is not an LMDB database directory")
+    parts, count, first = _parts(path, None if size is None else max(1, size), workers)
+    if first is None:
+        raise ChuteError(f"LMDB database {path} holds no keys; there is nothing to convert")
+    fmt = value_format(first)
+    if fmt == "pickle" and not allow_pickle:
+        raise PickleRefusedError(
+            f"LMDB database {_name(path)} holds pickled values ({count} keys); chute does not unpickle by default "
+            f"because {PICKLE_RISK}. If you trust the database, opt in with allow_pickle=True (chute convert --allow-pickle)"
+        )
+    return parts, count, fmt
+
+
+def columns_of(path: str, fmt: str, parts: list[tuple[bytes, int, int]], declared: dict[str, ColumnType],
+               pool: OrderedPool | None = None, progress: Progress | None = None) -> tuple[list[Column], dict[str, ColumnType]]:
+    """The columns of the values of ``parts`` (summarised by ``pool``'s readers) and the schema with ``key``."""
+    summary, keys_as_str = Summary(), True
+    results = (pool.map if pool is not None else OrderedPool(0).map)(functools.partial(summarise, path, fmt), parts)
+    for part, utf8 in results:
+        summary.merge(part)
+        keys_as_str = keys_as_str and utf8
+        if progress is not None:
+            progress.update(part.samples)
+    places = _Places(_name(path), parts)
+    columns = plan_columns(summary, declared, [KEY_COLUMN], places, API)  # type: ignore[arg-type]  # indexable by position
+    schema: dict[str, ColumnType] = {KEY_COLUMN: String() if keys_as_str else Bytes()}
+    schema.update((c.name, c.ctype) for c in columns)
+    return columns, schema
+
+
+def metadata(path: str, fmt: str) -> dict[str, Any]:
+    return {"source": {"kind": "lmdb", "database": _name(path), "values": fmt}}
+
+
+def _name(path: str) -> str:
+    return os.path.basename(os.path.normpath(path))
 
 
 def from_lmdb(
@@ -180,39 +225,17 @@ def from_lmdb(
     process), twice: once for the types, once to write.
     """
     source = os.fspath(path)
-    if not os.path.exists(source):
-        raise ChuteError(f"LMDB database {source} does not exist")
-    if os.path.isdir(source) and not is_lmdb_dir(source):
-        raise ChuteError(f"{source} holds no data.mdb: it is not an LMDB database directory")
-    name = os.path.basename(os.path.normpath(source))
     declared = dict(column_types or {})
     with OrderedPool(workers) as pool:
-        parts, count, first = _parts(source, pool.workers)
-        if first is None:
-            raise ChuteError(f"LMDB database {source} holds no keys; there is nothing to convert")
-        fmt = value_format(first)
-        if fmt == "pickle" and not allow_pickle:
-            raise PickleRefusedError(
-                f"LMDB database {name} holds pickled values ({count} keys); chute does not unpickle by default "
-                f"because {PICKLE_RISK}. If you trust the database, opt in with allow_pickle=True (chute convert --allow-pickle)"
-            )
-        summary, keys_as_str = Summary(), True
+        parts, count, fmt = plan(source, allow_pickle, None, pool.workers)
         with Progress(count, "chute convert (lmdb): reading types", enabled=progress, unit="keys") as bar:
-            for part, utf8 in pool.map(functools.partial(summarise, source, fmt), parts):
-                summary.merge(part)
-                keys_as_str = keys_as_str and utf8
-                bar.update(part.samples)
-        places = _Places(name, parts)
-        columns = plan_columns(summary, declared, [KEY_COLUMN], places, API)  # type: ignore[arg-type]  # indexable by position
-        schema: dict[str, ColumnType] = {KEY_COLUMN: String() if keys_as_str else Bytes()}
-        schema.update((c.name, c.ctype) for c in columns)
-        read = functools.partial(read_part, source, fmt, columns, schema, keys_as_str)
+            columns, schema = columns_of(source, fmt, parts, declared, pool, bar)
+        read = functools.partial(read_part, source, fmt, columns, schema, isinstance(schema[KEY_COLUMN], String))
         try:
             return write_blocks(
                 pool.map(read, parts), dst, schema=schema,
                 progress=Progress(count, "chute convert (lmdb)", enabled=progress, unit="keys"),
-                metadata={"source": {"kind": "lmdb", "database": name, "values": fmt}},
-                shard_size=shard_size, overwrite=overwrite,
+                metadata=metadata(source, fmt), shard_size=shard_size, overwrite=overwrite,
             )
         except InferenceError as exc:
             raise from_inference(exc, exc.detail, API, declared=declared) from None

@@ -21,6 +21,7 @@ import numpy as np
 from chute.errors import ChuteError
 from chute.format.schema import ColumnType, String
 from chute.sources._arrow import batch_samples, number_batches
+from chute.sources._remote import is_remote
 from chute.sources.detect import detect_kind
 
 ROWS_PER_PART = 4096
@@ -41,10 +42,13 @@ class SourcePlan:
 def plan(src: Any, kind: str | None = None, *, allow_pickle: bool = False, rows_per_part: int = ROWS_PER_PART, **options: Any) -> SourcePlan:
     """``src`` (of ``kind``, detected when None) as a :class:`SourcePlan`; ``options`` as for the converter."""
     kind = kind or detect_kind(src)
-    planners: dict[str, Callable[..., SourcePlan]] = {"index": _index, "images": _images, "webdataset": _webdataset, "arrow": _arrow, "numpy": _numpy, "hf": _hf}
+    planners: dict[str, Callable[..., SourcePlan]] = {
+        "index": _index, "images": _images, "webdataset": _webdataset, "arrow": _arrow, "numpy": _numpy, "hf": _hf,
+        "hdf5": _hdf5, "zarr": _zarr, "lmdb": _lmdb, "tfrecord": _tfrecord,
+    }
     if kind not in planners:
         raise ChuteError(f"unknown source kind {kind!r}; use one of {', '.join(planners)}")
-    if kind == "index":
+    if kind in ("index", "lmdb"):
         options["allow_pickle"] = allow_pickle
     return planners[kind](src, max(1, int(rows_per_part)), **options)
 
@@ -192,3 +196,60 @@ def _read_hf_rows(dataset: Any, columns_plan: list, where: str, part: tuple[int,
     names = [c.name for c in columns_plan]
     for first_row, batch in number_batches(_batches(dataset.select(range(a, b)), names)):
         yield from batch_samples(batch, columns_plan, where=where, first_row=a + first_row)
+
+
+# --------------------------------------------------------------------------- blocks: HDF5, Zarr, LMDB, TFRecord
+
+
+def _rows_of(read: Callable[[Any], list[Any]], part: Any) -> Iterator[tuple[dict[str, Any], str]]:
+    """A block reader's part as ``(sample, origin)`` pairs (the Ray sink writes samples)."""
+    for block, rows, where in read(part):
+        for i in range(rows):
+            yield {name: values[i] for name, values in block.items()}, f"{where}, row {i}"
+
+
+def _hdf5(src: Any, rows: int, *, columns: list[str] | None = None) -> SourcePlan:
+    from chute.sources import hdf5
+
+    path = os.fspath(src)
+    layout, attrs = hdf5.scan(path, columns)
+    read = functools.partial(_rows_of, functools.partial(hdf5.read_span, path, layout))
+    return SourcePlan("hdf5", layout.spans(), read, dict(layout.types), hdf5.metadata(path, layout, attrs))
+
+
+def _zarr(src: Any, rows: int, *, columns: list[str] | None = None, storage_options: dict[str, Any] | None = None) -> SourcePlan:
+    from chute.sources import zarr
+
+    source = os.fspath(src).rstrip("/")
+    layout, attrs = zarr.scan(source, storage_options, columns)
+    read = functools.partial(_rows_of, functools.partial(zarr.read_span, source, dict(storage_options or {}), layout))
+    return SourcePlan("zarr", layout.spans(), read, dict(layout.types), zarr.metadata(source, layout, attrs))
+
+
+def _lmdb(src: Any, rows: int, *, allow_pickle: bool, column_types: dict[str, ColumnType] | None = None) -> SourcePlan:
+    """Key ranges of ``rows`` keys; the columns from the first range's values (as ``--ray`` does for an index)."""
+    from chute.sources import lmdb
+
+    path = os.fspath(src)
+    parts, count, fmt = lmdb.plan(path, allow_pickle, rows)
+    columns, schema = lmdb.columns_of(path, fmt, parts[:1], dict(column_types or {}))
+    read = functools.partial(_rows_of, functools.partial(lmdb.read_part, path, fmt, columns, schema, isinstance(schema["key"], String)))
+    return SourcePlan("lmdb", parts, read, schema, lmdb.metadata(path, fmt))
+
+
+def _tfrecord(src: Any, rows: int, *, column_types: dict[str, ColumnType] | None = None,
+              storage_options: dict[str, Any] | None = None) -> SourcePlan:
+    """Parts of a few MB of records (a URL or a gzipped file: one part, read by the task where it runs); the
+    columns from the first part's records."""
+    from chute.sources import tfrecord
+
+    options = dict(storage_options or {})
+    names = tfrecord.list_files(src, options)
+    local = [(n, os.path.basename(n)) for n in names if not is_remote(n)]
+    parts, _ = tfrecord.plan_parts(local)
+    parts += [tfrecord.Part(n, n, 0, 0, -1, options) for n in names if is_remote(n)]
+    order = {n: k for k, n in enumerate(names)}
+    parts.sort(key=lambda p: (order[p.path], p.first))
+    schema = tfrecord.schema_of(tfrecord.summarise(parts[0])[0], dict(column_types or {}))
+    read = functools.partial(_rows_of, functools.partial(tfrecord.read_part, schema))
+    return SourcePlan("tfrecord", parts, read, schema, tfrecord.metadata([n if is_remote(n) else os.path.basename(n) for n in names]))

@@ -121,13 +121,23 @@ def list_files(src: str | os.PathLike | Sequence[str | os.PathLike], storage_opt
     return files
 
 
-def _is_gzip(path: str) -> bool:
-    with open(path, "rb") as f:
+def _open_raw(path: str, storage_options: Mapping[str, Any] | None = None) -> IO[bytes]:
+    """The file at ``path``, a local path or (read by a Ray task where it runs) a URL through fsspec."""
+    if is_remote(path):
+        import fsspec
+
+        return cast("IO[bytes]", fsspec.open(path, "rb", **dict(storage_options or {})).open())
+    return open(path, "rb")
+
+
+def _is_gzip(path: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    with _open_raw(path, storage_options) as f:
         return f.read(2) == b"\x1f\x8b"
 
 
-def _open(path: str) -> IO[bytes]:
-    return cast("IO[bytes]", gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb"))
+def _open(path: str, storage_options: Mapping[str, Any] | None = None) -> IO[bytes]:
+    raw = _open_raw(path, storage_options)
+    return cast("IO[bytes]", gzip.open(raw, "rb")) if _is_gzip(path, storage_options) else raw
 
 
 def _damaged(name: str, record: int, what: str) -> ShardError:
@@ -170,13 +180,14 @@ class Part:
     offset: int
     first: int
     count: int
+    storage_options: Mapping[str, Any] | None = None  # a URL's (a Ray task reads it where it runs)
 
     def records(self) -> Iterator[bytes]:
-        with _open(self.path) as f:
+        with _open(self.path, self.storage_options) as f:
             limit = MAX_RECORD_BYTES
             if self.offset:
                 f.seek(self.offset)
-            if not isinstance(f, gzip.GzipFile):
+            if not isinstance(f, gzip.GzipFile) and not is_remote(self.path):
                 limit = max(0, os.fstat(f.fileno()).st_size - self.offset)
             yield from read_records(f, self.name, self.first, self.count, limit)
 
@@ -331,6 +342,19 @@ def column_type(name: str, feature: Feature, records: int) -> ColumnType:
     return Nullable(ctype) if feature.present < records else ctype
 
 
+def schema_of(summary: Summary, declared: Mapping[str, ColumnType]) -> dict[str, ColumnType]:
+    """The columns of the summarised records, by feature name (an Example's features have no order)."""
+    unknown = sorted(set(declared) - set(summary.features))
+    if unknown:
+        raise ChuteError(f"column_types names {unknown}, which no record has; the features are {sorted(summary.features)}")
+    return {name: declared.get(name) or column_type(name, feature, summary.records) for name, feature in sorted(summary.features.items())}
+
+
+def metadata(files: list[str]) -> dict[str, Any]:
+    """The files' names (a URL stays a URL; no local path)."""
+    return {"source": {"kind": "tfrecord", "files": files}}
+
+
 # --------------------------------------------------------------------------- values
 
 
@@ -417,14 +441,10 @@ def from_tfrecord(
                     bar.update(part.records)
             if not summary.records:
                 raise ChuteError(f"{', '.join(names)} hold(s) no records; there is nothing to convert")
-            unknown = sorted(set(declared) - set(summary.features))
-            if unknown:
-                raise ChuteError(f"column_types names {unknown}, which no record has; the features are {sorted(summary.features)}")
-            schema = {name: declared.get(name) or column_type(name, feature, summary.records)
-                      for name, feature in sorted(summary.features.items())}  # an Example's features have no order
+            schema = schema_of(summary, declared)
             return write_blocks(
                 pool.map(functools.partial(read_part, schema), parts), dst, schema=schema,
                 progress=Progress(summary.records, "chute convert (tfrecord)", enabled=progress, unit="records"),
-                metadata={"source": {"kind": "tfrecord", "files": [name for _, name in files]}},
+                metadata=metadata([name for _, name in files]),
                 shard_size=shard_size, overwrite=overwrite, storage_options=options,
             )

@@ -128,6 +128,16 @@ def read_span(src: str, storage_options: Mapping[str, Any] | None, layout: Layou
     return [(block, b - a, f"{_name(src)} rows {a}-{b - 1}")]
 
 
+def metadata(src: str, layout: Layout, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The dataset's metadata: the store (its URL, or a local directory's name), what was skipped and why, the attributes."""
+    out: dict[str, Any] = {"source": {"kind": "zarr", "store": _name(src)}}
+    if layout.skipped:
+        out["source"]["skipped"] = layout.skipped
+    if attrs:
+        out["zarr"] = {"attributes": attrs}
+    return out
+
+
 def _name(src: str) -> str:
     return src if is_remote(src) else posixpath.basename(os.path.normpath(src))
 
@@ -153,11 +163,6 @@ def from_zarr(
     if not is_remote(source) and not os.path.isdir(source):
         raise ChuteError(f"Zarr store {source} does not exist" if not os.path.exists(source) else f"{source} is not a Zarr directory")
     layout, attrs = scan(source, storage_options, columns)
-    metadata: dict[str, Any] = {"source": {"kind": "zarr", "store": _name(source)}}
-    if layout.skipped:
-        metadata["source"]["skipped"] = layout.skipped
-    if attrs:
-        metadata["zarr"] = {"attributes": attrs}
     read = functools.partial(read_span, source, dict(storage_options or {}), layout)
     with OrderedPool(workers) as pool:
         return write_blocks(
@@ -165,7 +170,7 @@ def from_zarr(
             dst,
             schema=layout.types,
             progress=Progress(layout.rows, "chute convert (zarr)", enabled=progress, unit="rows"),
-            metadata=metadata,
+            metadata=metadata(source, layout, attrs),
             shard_size=shard_size,
             overwrite=overwrite,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import tarfile
 
 import numpy as np
@@ -128,3 +129,35 @@ def test_sources_convert_with_ray_still_works_with_a_warning(local_ray, tmp_path
         ds = convert(tmp_path / "a.npy", tmp_path / "out", ray="local")
     assert ds.get_batch(np.arange(30))["data"].tolist() == list(range(30))
     ds.close()
+
+
+def test_hdf5_zarr_lmdb_and_tfrecord_sources(local_ray, tmp_path):
+    """The new sources through Ray tasks give the dataset the converter writes (uniform values: --ray takes the
+    LMDB and TFRecord columns from the first part)."""
+    h5py = pytest.importorskip("h5py")
+    zarr = pytest.importorskip("zarr")
+    lmdb = pytest.importorskip("lmdb")
+    from chute.sources._example_pb import Example
+    from chute.sources.tfrecord import frame
+
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("x", data=np.arange(80 * 3, dtype=np.float32).reshape(80, 3), chunks=(16, 3), compression="gzip")
+        f.create_dataset("name", data=[f"n{i}" for i in range(80)], dtype=h5py.string_dtype())
+    group = zarr.open_group(str(tmp_path / "a.zarr"), mode="w")
+    group.create_array("y", shape=(50, 2), chunks=(8, 2), dtype="i4")[:] = np.arange(100, dtype=np.int32).reshape(50, 2)
+    env = lmdb.open(str(tmp_path / "db"), map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        for i in range(40):
+            txn.put(f"{i:04d}".encode(), pickle.dumps({"v": np.full(2, i, np.int64), "label": i % 3}))
+    env.close()
+    records = []
+    for i in range(60):
+        ex = Example()
+        ex.features.feature["label"].int64_list.value.append(i)
+        ex.features.feature["emb"].float_list.value.extend([i / 2, i / 4])
+        records.append(frame(ex.SerializeToString()))
+    (tmp_path / "a.tfrecord").write_bytes(b"".join(records))
+    _assert_same(*_both(tmp_path / "a.h5", tmp_path / "h5", kind="hdf5"))
+    _assert_same(*_both(tmp_path / "a.zarr", tmp_path / "zarr", kind="zarr"))
+    _assert_same(*_both(tmp_path / "db", tmp_path / "lmdb", kind="lmdb", allow_pickle=True))
+    _assert_same(*_both(tmp_path / "a.tfrecord", tmp_path / "tf", kind="tfrecord"))
