@@ -100,6 +100,7 @@ class Node:
     map_value: str | None = None  # the Map value kind if every value fits a map
     mappable: bool = True
     keys: dict[str, Node] | None = dataclasses.field(default_factory=dict)  # None once too many
+    str_keys: frozenset[str] = frozenset()  # keys of a dict already seen to be all str (a record's keys repeat)
 
     # ------------------------------------------------------------------ adding
 
@@ -108,7 +109,22 @@ class Node:
             self.nones += 1
             return
         self.present += 1
-        if isinstance(value, (bytes, bytearray, memoryview)):
+        kind = type(value)  # the common exact types first: a summary pass calls this for every value of every sample
+        if kind is np.ndarray:
+            self._add_ndarray(value, position)
+        elif kind is dict:
+            self._add_dict(value, position)
+        elif kind is int:
+            self._kind("int", position)
+            self._dtype("int64", position)
+            low, high = self.int_range or (value, value)
+            self.int_range = (min(low, value), max(high, value))
+        elif kind is float:
+            self._kind("float", position)
+            self._dtype("float64", position)
+        elif kind is str:
+            self._kind("str", position)
+        elif isinstance(value, (bytes, bytearray, memoryview)):
             self.json_ok = False
             self._kind("bytes", position)
         elif isinstance(value, str):
@@ -143,6 +159,25 @@ class Node:
     def _dtype(self, dtype: str, position: int) -> None:
         if dtype not in self.dtypes:
             self.dtypes[dtype] = position
+
+    def _add_ndarray(self, value: np.ndarray, position: int) -> None:
+        """A numpy array: what :meth:`_add_other` does for one, without its general conversions."""
+        self.json_ok = False
+        dtype = _value_dtype(value.dtype)
+        if dtype is None:
+            self._unsupported(position)
+            return
+        self._dtype(dtype, position)
+        if value.ndim == 0:
+            self._kind("number", position)
+            return
+        self._kind("array", position)
+        if value.ndim not in self.ndims:
+            self.ndims[value.ndim] = position
+        if self.shape is None:
+            self.shape = value.shape
+        elif self.shape_changed is None and value.shape != self.shape:
+            self.shape_changed = position
 
     def _unsupported(self, position: int) -> None:
         if self.unsupported is None:
@@ -181,10 +216,12 @@ class Node:
         self.dicts += 1
         self.key_slots += len(value)
         self.max_keys = max(self.max_keys, len(value))
-        if any(not isinstance(k, str) for k in value):
-            if self.bad_key is None:
-                self.bad_key = position
-            return
+        if value.keys() != self.str_keys:
+            if any(not isinstance(k, str) for k in value):
+                if self.bad_key is None:
+                    self.bad_key = position
+                return
+            self.str_keys = frozenset(value)
         if value and self.mappable:
             items = list(value.values())
             if all(type(v) in (str, bytes, int, float) or is_number_value(v) for v in items):
@@ -448,7 +485,7 @@ def extract(sample: Mapping[str, Any], columns: list[Column]) -> dict[str, Any]:
     for column in columns:
         value: Any = sample
         for key in column.path:
-            value = value.get(key) if isinstance(value, Mapping) else None
+            value = value.get(key) if type(value) is dict or isinstance(value, Mapping) else None
             if value is None:
                 break
         out[column.name] = value

@@ -77,14 +77,15 @@ def value_format(value: bytes) -> str:
     return "bytes"
 
 
-def decode(value: bytes, fmt: str, where: str) -> Any:
+def decode(value: bytes, fmt: str, key: bytes, path: str) -> Any:
+    """A value as ``fmt`` says (``key`` and ``path`` name it in errors)."""
     try:
         if fmt == "pickle":
             return unpickle(value)
         if fmt == "npy":
             return load_npy(value)
     except Exception as exc:  # a damaged value: any unpickling or npy error
-        raise ChuteError(f"{where}: the value cannot be read as {fmt} ({type(exc).__name__}: {exc})") from None
+        raise ChuteError(f"{_where(path, key)}: the value cannot be read as {fmt} ({type(exc).__name__}: {exc})") from None
     return bytes(value)
 
 
@@ -118,7 +119,7 @@ def summarise(path: str, fmt: str, part: tuple[bytes, int, int]) -> list[tuple[S
     summary, utf8 = Summary(), True
     position = part[2]
     for key, value in _records(path, part):
-        summary.add({DATA_COLUMN: decode(value, fmt, _where(path, key))}, position)
+        summary.add({DATA_COLUMN: decode(value, fmt, key, path)}, position)
         position += 1
         if utf8:
             try:
@@ -134,7 +135,7 @@ def read_part(path: str, fmt: str, columns: list[Column], schema: dict[str, Colu
     rows = []
     for key, value in _records(path, part):
         sample = {KEY_COLUMN: _key_text(key, keys_as_str)}
-        sample.update(extract({DATA_COLUMN: decode(value, fmt, _where(path, key))}, columns))
+        sample.update(extract({DATA_COLUMN: decode(value, fmt, key, path)}, columns))
         rows.append(sample)
     where = _where(path, part[0])
     return [(rows_block(rows, schema, where), len(rows), where)]
