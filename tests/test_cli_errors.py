@@ -137,3 +137,33 @@ def test_output_into_a_closed_pipe_stops_quietly(dataset, capsys):
     _, err = child.communicate(timeout=120)
     assert child.returncode == 141  # what a shell reports for a command stopped by SIGPIPE
     assert err == b""
+
+
+def test_a_mistyped_option_shows_the_commands_usage_and_the_closest_option(capsys, index, tmp_path):
+    with pytest.raises(SystemExit) as info:
+        main(["convert", index, str(tmp_path / "out"), "--tokeniser", "gpt2"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: chute convert ")  # the command's usage, not the top-level one
+    assert err.rstrip("\n").splitlines()[-1] == (
+        "chute convert: error: unrecognized arguments: --tokeniser gpt2 (--tokeniser: did you mean --tokenizer?)"
+    )
+    assert _usage_error(capsys, "inspect", "ds", "--verfy") == (
+        "chute inspect: error: unrecognized arguments: --verfy (--verfy: did you mean --verify?)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_already_at_the_destination_names_the_flag_first(capsys, index, tmp_path):
+    assert main(["convert", index, str(tmp_path / "out"), "--workers", "0", "--quiet"]) == 0
+    capsys.readouterr()
+    line = _error(capsys, "convert", index, str(tmp_path / "out"), "--workers", "0", "--quiet")
+    assert line == (f"chute convert: error: {tmp_path / 'out'} already holds a chute dataset (3 rows); to replace it: "
+                    "chute convert --overwrite (overwrite=True in Python)")
+
+
+def test_the_kinds_of_the_command_are_the_converters():
+    from chute.cli.convert import KINDS as COMMAND_KINDS
+    from chute.sources import KINDS
+
+    assert COMMAND_KINDS == KINDS

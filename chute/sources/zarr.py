@@ -4,8 +4,9 @@ The arrays that share a first axis become columns, as for HDF5 (see
 :mod:`chute.sources._arrays`): nested groups give dotted names, attributes go
 to the metadata under ``"zarr"``, a store whose root is one array gives the
 column ``data``. Rows are read a block of whole chunks (whole shards, for a
-sharded v3 array) at a time by reader processes, each opening the store
-itself, so chunks are fetched and decoded in parallel.
+sharded v3 array) at a time; zarr fetches and decodes a block's chunks
+concurrently (its own threads and event loop), and ``workers=N`` adds N reader
+processes, each opening the store itself.
 
 Over HTTP a store cannot be listed: the group needs consolidated metadata
 (``zarr.consolidate_metadata``), which zarr reads when it is there. The
@@ -156,15 +157,16 @@ def from_zarr(
     """Convert a Zarr group (v2 or v3; a local path or an fsspec URL): arrays sharing a first axis become columns.
 
     ``columns`` picks the arrays (paths such as ``sim/u`` or column names ``sim.u``);
-    ``storage_options`` go to fsspec; chunks are read and decoded by ``workers``
-    processes (default: one per CPU; 0 reads in this process).
+    ``storage_options`` go to fsspec. By default (``workers`` None or 0) the chunks are
+    read in this process, where zarr fetches and decodes them concurrently itself;
+    ``workers=N`` (N > 1) reads blocks of rows in N reader processes.
     """
     source = os.fspath(src).rstrip("/")
     if not is_remote(source) and not os.path.isdir(source):
         raise ChuteError(f"Zarr store {source} does not exist" if not os.path.exists(source) else f"{source} is not a Zarr directory")
     layout, attrs = scan(source, storage_options, columns)
     read = functools.partial(read_span, source, dict(storage_options or {}), layout)
-    with OrderedPool(workers) as pool:
+    with OrderedPool(workers or 0) as pool:
         return write_blocks(
             pool.map(read, layout.spans()),
             dst,
