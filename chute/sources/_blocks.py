@@ -149,12 +149,18 @@ def write_blocks(
         writer.root, writer.schema, token=writer.token, shard_size=writer.shard_size, checksum=writer.checksum,
         durable=writer.durable, upload=writer.upload,
     )
+    where = ""
     with progress:
         try:
             for block, rows, where in blocks:
                 shards.add(block, rows, where)
                 progress.update(rows)
             writer.close()
+        except SchemaError as exc:  # a value a builder refused: "sample N" is a row of the dataset; say where it came from
+            writer.abort()
+            if type(exc) is not SchemaError or not where or where in str(exc):
+                raise  # an InferenceError keeps its fix for the converter to render
+            raise SchemaError(f"{exc} [while writing {where}]") from None
         except BaseException:
             writer.abort()
             raise

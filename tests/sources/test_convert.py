@@ -61,6 +61,31 @@ def sources(tmp_path):
     _tar(tmp_path / "wds" / "s-1.tar", 2)
     out["webdataset"] = tmp_path / "wds" / "s-0.tar"
     out["webdataset-dir"] = tmp_path / "wds"
+    (tmp_path / "a.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    out["jsonl"] = tmp_path / "a.jsonl"
+    import h5py
+    import lmdb
+    import zarr
+
+    from chute.sources._example_pb import Example
+    from chute.sources.tfrecord import frame
+
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["a"] = np.arange(4)
+    with h5py.File(tmp_path / "x.nc", "w") as f:
+        f["a"] = np.arange(3)
+    out["hdf5"], out["hdf5-nc"] = tmp_path / "x.h5", tmp_path / "x.nc"
+    zarr.open_group(str(tmp_path / "z"), mode="w").create_array("a", shape=(6,), dtype="i4")[:] = np.arange(6)
+    out["zarr"] = tmp_path / "z"
+    env = lmdb.open(str(tmp_path / "db"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"k", b"raw bytes")
+    env.close()
+    out["lmdb"] = tmp_path / "db"
+    example = Example()
+    example.features.feature["a"].int64_list.value.append(1)
+    (tmp_path / "t.tfrecord").write_bytes(frame(example.SerializeToString()) * 2)
+    out["tfrecord"] = tmp_path / "t.tfrecord"
     return out
 
 
@@ -73,7 +98,8 @@ def test_detection_picks_the_right_kind_for_each_source(sources):
 
 def test_convert_detects_and_converts_every_kind(sources, tmp_path):
     expected_rows = {"index": 12, "index-txt": 1, "index-tsv": 1, "images": 6, "arrow": 5, "arrow-dir": 5,
-                     "arrow-feather": 5, "hf": 5, "numpy": 5, "numpy-npz": 5, "webdataset": 3, "webdataset-dir": 5}
+                     "arrow-feather": 5, "hf": 5, "numpy": 5, "numpy-npz": 5, "webdataset": 3, "webdataset-dir": 5,
+                     "jsonl": 2, "hdf5": 4, "hdf5-nc": 3, "zarr": 6, "lmdb": 1, "tfrecord": 2}
     for name, src in sources.items():
         ds = convert(src, tmp_path / "out" / name, allow_pickle=True, workers=0, progress=False)
         ds.verify()
