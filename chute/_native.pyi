@@ -34,6 +34,10 @@ class CorruptShard(ValueError):
     shard: int
     row: int
 
+SIMD: tuple[str, ...]
+"""The instruction sets of the SIMD kernels compiled in, each used where the CPU has it: ``("ssse3",
+"sse4.1", "avx2")`` on x86-64, ``()`` elsewhere or in a build with ``-DCHUTE_NO_SIMD``."""
+
 BinarySource = tuple[Buffer, Buffer]
 """(value_offsets int64[rows + 1] counted in items, data)."""
 

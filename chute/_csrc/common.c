@@ -356,13 +356,10 @@ int ch_held_take(PyObject *module, Held *h, const Batch *b, Py_ssize_t slot, PyO
 {
     Py_ssize_t shard = b->shard[slot];
     /* Another thread may have replaced items (never the length of a tuple, but of a list
-     * perhaps) while a buffer export ran Python code: check the bound every time. */
-    if (shard >= PySequence_Fast_GET_SIZE(sources)) {
-        PyErr_Format(PyExc_ValueError, "%s lost its item for shard %zd during the call", what, shard);
+     * perhaps) while a buffer export ran Python code: ch_item_ref checks the bound every time. */
+    PyObject *item = ch_item_ref(sources, shard, what);
+    if (item == NULL)
         return -1;
-    }
-    PyObject *item = PySequence_Fast_GET_ITEM(sources, shard);
-    Py_INCREF(item);
     h->items[slot] = item;
     if (item == Py_None) {
         ch_raise_unmapped(module, shard);

@@ -58,15 +58,15 @@ PyObject *ch_feistel(PyObject *module, PyObject *const *args, Py_ssize_t nargs, 
                      (long long)(INT64_C(1) << (2 * half)), (long long)n);
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(a[2], "round_keys must be a sequence of 6 ints");
+    PyObject *seq = PySequence_Tuple(a[2]); /* private: nothing can change it while it is read */
     if (seq == NULL) {
         PyErr_SetString(PyExc_ValueError, "round_keys must be a sequence of 6 ints in [0, 2**64)");
         return NULL;
     }
     uint64_t keys[ROUNDS];
-    int bad = PySequence_Fast_GET_SIZE(seq) != ROUNDS;
+    int bad = PyTuple_GET_SIZE(seq) != ROUNDS;
     for (int r = 0; !bad && r < ROUNDS; r++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, r);
+        PyObject *item = PyTuple_GET_ITEM(seq, r);
         bad = !PyLong_Check(item);
         if (!bad) {
             keys[r] = PyLong_AsUnsignedLongLong(item);

@@ -42,12 +42,13 @@ static void prefix_error(Py_ssize_t column)
 
 static int parse_columns(PyObject *columns, const Batch *b, Column **out_cols, Py_ssize_t *out_ncols)
 {
-    PyObject *seq = PySequence_Fast(columns, "columns must be a sequence of (sources, out, row_bytes) tuples");
+    /* A private tuple: its items stay while buffer exports run, whatever happens to the caller's list. */
+    PyObject *seq = PySequence_Tuple(columns);
     if (seq == NULL) {
         PyErr_SetString(PyExc_ValueError, "columns must be a sequence of (sources, out, row_bytes) tuples");
         return -1;
     }
-    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t ncols = PyTuple_GET_SIZE(seq);
     Column *cols = PyMem_Calloc((size_t)(ncols > 0 ? ncols : 1), sizeof(Column));
     if (cols == NULL) {
         Py_DECREF(seq);
@@ -58,7 +59,7 @@ static int parse_columns(PyObject *columns, const Batch *b, Column **out_cols, P
     *out_ncols = ncols;
     int status = -1;
     for (Py_ssize_t c = 0; c < ncols; c++) {
-        PyObject *spec = PySequence_Fast_GET_ITEM(seq, c);
+        PyObject *spec = PyTuple_GET_ITEM(seq, c);
         if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3) {
             PyErr_Format(PyExc_ValueError, "columns[%zd] must be a (sources, out, row_bytes) tuple, got %.100s", c,
                          Py_TYPE(spec)->tp_name);

@@ -86,6 +86,17 @@ static int module_exec(PyObject *module)
         return -1;
     if (PyModule_AddObjectRef(module, "CorruptShard", state->corrupt) < 0)
         return -1;
+    /* The instruction sets of the SIMD kernels compiled in (each used where the CPU has it): none in a
+     * build with -DCHUTE_NO_SIMD or off x86-64. */
+#ifdef CH_X86_SIMD
+    PyObject *simd = Py_BuildValue("(sss)", "ssse3", "sse4.1", "avx2");
+#else
+    PyObject *simd = PyTuple_New(0);
+#endif
+    if (simd == NULL || PyModule_AddObject(module, "SIMD", simd) < 0) {
+        Py_XDECREF(simd);
+        return -1;
+    }
     return 0;
 }
 
@@ -110,8 +121,14 @@ static void module_free(void *module)
     module_clear((PyObject *)module);
 }
 
+/* The kernels need no GIL: the module's state (its two exception classes) is set once at import; each
+ * call works on its own arguments, private copies and buffers it exports and holds for the call; list
+ * items are taken as new references (ch_item_ref). Free-threaded builds (3.13+) keep the GIL off. */
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, module_exec},
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
     {0, NULL},
 };
 

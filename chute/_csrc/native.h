@@ -19,6 +19,13 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The x86-64 SIMD kernels (planes: SSSE3; resample: SSE4.1 and AVX2, and the vertical pass cloned for
+ * AVX2), each chosen at run time by what the CPU supports. -DCHUTE_NO_SIMD compiles them all out, leaving
+ * the portable code every other machine runs (CI builds chute._native that way to test it). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(CHUTE_NO_SIMD)
+#define CH_X86_SIMD 1
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define CH_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
@@ -59,6 +66,19 @@ static inline int ch_mul_overflow(int64_t a, int64_t b, int64_t *out)
 #endif
 }
 
+/* a + b for non-negative a and b; 1 when it overflows int64. */
+static inline int ch_add_overflow(int64_t a, int64_t b, int64_t *out)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_add_overflow(a, b, out);
+#else
+    if (b > INT64_MAX - a)
+        return 1;
+    *out = a + b;
+    return 0;
+#endif
+}
+
 /* The module's state: its two exception classes. */
 typedef struct {
     PyObject *unmapped;
@@ -85,6 +105,28 @@ int ch_int_buffer(PyObject *obj, Py_buffer *view, int itemsize, int writable, in
 
 /* Any C-contiguous buffer, as bytes. */
 int ch_byte_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what);
+
+/* A new reference to item i of a list or tuple of sources, or NULL with ValueError naming `what` when
+ * the item is gone (a list that shrank while a buffer export ran Python code). Another thread may
+ * replace a list's items meanwhile (a shard unmapped): the GIL makes the read and the new reference one
+ * step, and where there may be no GIL (3.13+, free-threaded builds) PyList_GetItemRef takes the item
+ * under the list's lock. A borrowed reference would not do there. */
+static inline PyObject *ch_item_ref(PyObject *seq, Py_ssize_t i, const char *what)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyList_Check(seq)) {
+        PyObject *item = PyList_GetItemRef(seq, i);
+        if (item != NULL || !PyErr_ExceptionMatches(PyExc_IndexError))
+            return item;
+        PyErr_Clear();
+        i = -1; /* gone */
+    }
+#endif
+    if (i >= 0 && i < PySequence_Fast_GET_SIZE(seq))
+        return Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+    PyErr_Format(PyExc_ValueError, "%s lost an item during the call", what);
+    return NULL;
+}
 
 static inline void ch_release(Py_buffer *view)
 {

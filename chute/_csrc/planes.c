@@ -4,7 +4,7 @@
  * and three stores (about 11 us). */
 #include "native.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef CH_X86_SIMD
 #include <tmmintrin.h>
 #define CH_SSSE3 1
 #endif

@@ -130,7 +130,7 @@ static void store_row(const Job *job, int64_t yy, const uint8_t *v)
     }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) /* target_clones: gcc */
+#if defined(CH_X86_SIMD) && !defined(__clang__) /* target_clones: gcc */
 #define RS_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define RS_CLONES
@@ -174,7 +174,7 @@ static void horizontal_row(const uint8_t *s, const Coeffs *h, int64_t ow, uint8_
     }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef CH_X86_SIMD
 #include <immintrin.h>
 #define RS_SIMD 1
 
@@ -320,16 +320,19 @@ PyObject *ch_resample(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
     if (ch_int_arg(a[1], 1, most, "height", &job.height) < 0 || ch_int_arg(a[2], 1, most, "width", &job.width) < 0 ||
         ch_int_arg(a[5], 1, most, "out_height", &job.oh) < 0 || ch_int_arg(a[6], 1, most, "out_width", &job.ow) < 0)
         return NULL;
-    PyObject *box = PySequence_Fast(a[3], "box must be a sequence of 4 numbers (x0, y0, x1, y1)");
-    if (box == NULL)
+    PyObject *box = PySequence_Tuple(a[3]); /* private: nothing can change it while it is read */
+    if (box == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError))
+            PyErr_SetString(PyExc_TypeError, "box must be a sequence of 4 numbers (x0, y0, x1, y1)");
         return NULL;
-    if (PySequence_Fast_GET_SIZE(box) != 4) {
+    }
+    if (PyTuple_GET_SIZE(box) != 4) {
         Py_DECREF(box);
         PyErr_SetString(PyExc_ValueError, "box must be 4 numbers (x0, y0, x1, y1)");
         return NULL;
     }
     for (int i = 0; i < 4; i++) {
-        double value = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(box, i));
+        double value = PyFloat_AsDouble(PyTuple_GET_ITEM(box, i));
         job.box[i] = (float)value;
         if (value == -1.0 && PyErr_Occurred()) {
             Py_DECREF(box);

@@ -107,7 +107,10 @@ static int take_window_source(PyObject *module, PyObject *item, Py_ssize_t shard
         view->obj = NULL;
         return -1;
     }
-    if ((*base + count) * itemsize > (int64_t)view->len) {
+    /* Items [base, base + count) must lie in the buffer: base + count and its size in bytes computed with
+     * the overflow helpers, as a starts array or a base from outside may be any int64. */
+    int64_t end, need;
+    if (ch_add_overflow(*base, count, &end) || ch_mul_overflow(end, itemsize, &need) || need > (int64_t)view->len) {
         ch_raise_corrupt(module, shard, -1, "holds %zd bytes of tokens, too few for %lld tokens from token %lld",
                          view->len, (long long)count, (long long)*base);
         return -1;
@@ -140,15 +143,20 @@ PyObject *ch_tokens_window(PyObject *module, PyObject *const *args, Py_ssize_t n
         goto done;
     if (ch_check_sources(a[3], nshards, "sources") < 0)
         goto done;
+    int64_t values; /* n x L, the size of each output */
+    if (ch_mul_overflow((int64_t)n, seq_len, &values)) {
+        PyErr_Format(PyExc_ValueError, "%zd windows of %lld tokens do not fit an int64 count", n, (long long)seq_len);
+        goto done;
+    }
     if (ch_int_buffer(a[5], &inv, 8, 1, 1, "input_ids", &count) < 0)
         goto done;
-    if (count != n * seq_len) {
+    if (count != values) {
         PyErr_Format(PyExc_ValueError, "input_ids holds %zd values, needs %zd x %lld", count, n, (long long)seq_len);
         goto done;
     }
     if (ch_int_buffer(a[6], &lv, 8, 1, 1, "labels", &count) < 0)
         goto done;
-    if (count != n * seq_len) {
+    if (count != values) {
         PyErr_Format(PyExc_ValueError, "labels holds %zd values, needs %zd x %lld", count, n, (long long)seq_len);
         goto done;
     }
@@ -179,12 +187,16 @@ PyObject *ch_tokens_window(PyObject *module, PyObject *const *args, Py_ssize_t n
     for (Py_ssize_t k = 0; k < nshards; k++) {
         if (!needed[k] || starts[k + 1] == starts[k])
             continue;
-        if (take_window_source(module, PyList_GET_ITEM(sources, k), k, starts[k + 1] - starts[k], (int)itemsize,
-                               &views[k], &bases[k]) < 0)
+        PyObject *item = ch_item_ref(sources, k, "sources"); /* a list or a tuple (ch_check_sources) */
+        if (item == NULL)
+            goto done;
+        int taken = take_window_source(module, item, k, starts[k + 1] - starts[k], (int)itemsize, &views[k], &bases[k]);
+        Py_DECREF(item);
+        if (taken < 0)
             goto done;
     }
     int64_t *in = inv.buf, *lab = lv.buf;
-    PyThreadState *released = n * seq_len * 8 >= CH_RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+    PyThreadState *released = values >= CH_RELEASE_GIL_BYTES / 8 ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         /* stream[first[i] .. first[i] + L] -> input_ids row (first L), labels row (last L) */
         for (int pass = 0; pass < 2; pass++) {
@@ -280,6 +292,7 @@ static int64_t plan(const char *off, Py_ssize_t m, int64_t L, int64_t *out, int6
 
 PyObject *ch_tokens_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    (void)module;
     static const char *const names[] = {"doc_offsets", "seq_len", "out", NULL};
     PyObject *a[3];
     if (ch_parse_args("tokens_plan", args, nargs, kwnames, names, 2, a) < 0)
@@ -356,12 +369,17 @@ PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t n
     }
     if (ch_check_sources(a[2], b.nshards, "sources") < 0)
         goto done;
+    int64_t values; /* n x L, the size of each output */
+    if (ch_mul_overflow((int64_t)b.n, seq_len, &values)) {
+        PyErr_Format(PyExc_ValueError, "%zd rows of %lld tokens do not fit an int64 count", b.n, (long long)seq_len);
+        goto done;
+    }
     Py_buffer *outs[3] = {&inv, &lv, &pv};
     const char *out_names[3] = {"input_ids", "labels", "position_ids"};
     for (int k = 0; k < 3; k++) {
         if (ch_int_buffer(a[6 + k], outs[k], 8, 1, 1, out_names[k], &count) < 0)
             goto done;
-        if (count != b.n * seq_len) {
+        if (count != values) {
             PyErr_Format(PyExc_ValueError, "%s holds %zd values, needs %zd x %lld", out_names[k], count, b.n,
                          (long long)seq_len);
             goto done;
@@ -369,7 +387,7 @@ PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t n
     }
     if (ch_int_buffer(a[9], &cv, 4, 1, 1, "cu_seqlens", &ncu) < 0)
         goto done;
-    if (ncu < b.n * seq_len + 1 || b.n * seq_len > INT32_MAX) {
+    if (values > INT32_MAX || ncu < values + 1) {
         PyErr_Format(PyExc_ValueError, "cu_seqlens holds %zd entries, needs %zd x %lld + 1 (at most 2**31)", ncu, b.n,
                      (long long)seq_len);
         goto done;
@@ -409,7 +427,7 @@ PyObject *ch_tokens_packed(PyObject *module, PyObject *const *args, Py_ssize_t n
     int64_t *in = inv.buf, *lab = lv.buf, *posid = pv.buf;
     int32_t *cu = cv.buf;
     Py_ssize_t nc = 0;
-    PyThreadState *released = b.n * seq_len * 24 >= CH_RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+    PyThreadState *released = values >= CH_RELEASE_GIL_BYTES / 24 ? PyEval_SaveThread() : NULL;
     cu[nc++] = 0;
     for (Py_ssize_t i = 0; i < b.n; i++) {
         int32_t k = b.slot[i];

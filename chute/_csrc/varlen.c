@@ -159,11 +159,17 @@ fail:
 
 /* ------------------------------------------------------------------ copies */
 
+/* The bytes of `count` spans together, or -1 with MemoryError when the sum overflows: each span is
+ * within its shard's buffer, but a batch may name the same huge row many times. */
 static int64_t spans_total(const Span *spans, Py_ssize_t count)
 {
     int64_t total = 0;
-    for (Py_ssize_t i = 0; i < count; i++)
-        total += spans[i].len; /* each is at most its shard's buffer: no overflow in practice */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (CH_UNLIKELY(ch_add_overflow(total, spans[i].len, &total))) {
+            PyErr_SetString(PyExc_MemoryError, "the batch's values together exceed 2**63 bytes");
+            return -1;
+        }
+    }
     return total;
 }
 
@@ -247,11 +253,15 @@ int ch_open_map(PyObject *module, Batch *b, Held *h, PyObject *indices, PyObject
             variable = ch_held_view(h, b->order[0], 3)->obj != NULL;
         else {
             for (Py_ssize_t s = 0; s < PySequence_Fast_GET_SIZE(sources); s++) {
-                PyObject *item = PySequence_Fast_GET_ITEM(sources, s);
-                if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 5) {
+                PyObject *item = ch_item_ref(sources, s, "sources");
+                if (item == NULL)
+                    return -1;
+                int found = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 5;
+                if (found)
                     variable = PyTuple_GET_ITEM(item, 3) != Py_None;
+                Py_DECREF(item);
+                if (found)
                     break;
-                }
             }
         }
     }
@@ -275,6 +285,8 @@ PyObject *ch_gather_binary(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (ch_open_binary(module, &b, &h, a[0], a[1], a[2], item_size, &spans) < 0)
         goto done;
     int64_t total = spans_total(spans, b.n);
+    if (total < 0)
+        goto done;
     new_offsets = PyBytes_FromStringAndSize(NULL, (b.n + 1) * 8);
     new_data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (new_offsets == NULL || new_data == NULL)
@@ -339,7 +351,9 @@ PyObject *ch_gather_map(PyObject *module, PyObject *const *args, Py_ssize_t narg
     if (check_keys(module, &b, &plan) < 0)
         goto done;
     Py_ssize_t n = b.n, m = plan.nentries;
-    int64_t key_bytes = spans_total(plan.keys, m), value_bytes = spans_total(plan.values, m);
+    int64_t key_bytes = spans_total(plan.keys, m), value_bytes = key_bytes < 0 ? -1 : spans_total(plan.values, m);
+    if (key_bytes < 0 || value_bytes < 0)
+        goto done;
     out[0] = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
     out[1] = PyBytes_FromStringAndSize(NULL, (m + 1) * 8);
     out[2] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)key_bytes);

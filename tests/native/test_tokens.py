@@ -145,3 +145,48 @@ def test_packed_asks_for_unmapped_shards_and_checks_the_plan():
     bad = np.array([0, 3, 9], np.int64)  # past the tokens
     with pytest.raises(_native.CorruptShard, match="does not fit 8 tokens"):
         _native.tokens_packed(np.array([1], np.int64), np.array([0, 2], np.int64), [(tokens, offsets, bad)], 4, 5, 0, *outs, cu)
+
+
+@pytest.mark.parametrize(
+    ("window", "starts", "base", "itemsize"),
+    [
+        (10**6, [0, 2**62], 0, 4),  # a huge start: (base + count) * itemsize wrapped to 0 and passed the check
+        (2**58, [0, 2**62], 0, 4),  # a huge window, far past the 16 bytes
+        (2**40, [0, 2**63 - 1], 0, 2),  # the last int64: base + count alone overflows once base > 0
+        (0, [0, 2**63 - 1], 1, 2),
+        (0, [0, 8], 2**60 - 1, 2),  # a huge base
+    ],
+)
+def test_window_refuses_a_shard_too_short_for_a_huge_claim_without_reading_past_it(window, starts, base, itemsize):
+    """A direct call with a 16-byte shard whose starts claim far more tokens: the kernel's own check must
+    refuse it (CorruptShard naming the bytes it holds), not read past the buffer or segfault; the outputs
+    are left as they were."""
+    tokens = np.arange(16 // itemsize, dtype=np.uint16 if itemsize == 2 else np.uint32)
+    assert tokens.nbytes == 16
+    inputs, labels = np.full((1, 4), -7, np.int64), np.full((1, 4), -7, np.int64)
+    with pytest.raises(_native.CorruptShard, match="holds 16 bytes of tokens, too few"):
+        _native.tokens_window(np.array([window], np.int64), 4, np.array(starts, np.int64), [(tokens, base)], itemsize, inputs, labels)
+    assert (inputs == -7).all() and (labels == -7).all()
+
+
+def test_window_takes_its_sources_as_a_tuple_as_well_as_a_list():
+    # the sources were read as a list's items even when given as a tuple (which the check of their count
+    # accepts): a tuple crashed the process
+    tokens = np.arange(20, dtype=np.uint16)
+    for sources in ([(tokens, 0)], ((tokens, 0),)):
+        inputs, labels = np.zeros((2, 4), np.int64), np.zeros((2, 4), np.int64)
+        _native.tokens_window(np.array([1, 3], np.int64), 4, np.array([0, 20], np.int64), sources, 2, inputs, labels)
+        assert inputs.tolist() == [[4, 5, 6, 7], [12, 13, 14, 15]]
+        assert labels.tolist() == [[5, 6, 7, 8], [13, 14, 15, 16]]
+
+
+def test_packed_refuses_a_plan_past_a_16_byte_shard():
+    tokens = np.arange(4, dtype=np.uint32)  # 16 bytes
+    offsets = np.array([0, 4], np.int64)
+    outs = [np.full((1, 5), -7, np.int64) for _ in range(3)]
+    cu = np.zeros(6, np.int32)
+    for plan in ([0, 2**62], [2**62, 2**62 + 4], [0, 2**63 - 1]):
+        with pytest.raises(_native.CorruptShard, match="does not fit 4 tokens"):
+            _native.tokens_packed(np.array([0], np.int64), np.array([0, 1], np.int64), [(tokens, offsets, np.array(plan, np.int64))],
+                                  4, 5, 0, *outs, cu)
+        assert all((out == -7).all() for out in outs)
