@@ -7,6 +7,10 @@
  * whole decode. Colours as simplejpeg's and Pillow's defaults: the accurate integer DCT and smooth
  * ("fancy") chroma upsampling. A libjpeg warning (corrupt or truncated data) is an error, as in
  * simplejpeg's strict mode: a silently grey-filled image is worse than a skipped one.
+ *
+ * Nothing from the file is trusted before it is checked: the pixel count its header claims against
+ * max_pixels, and the region against the caller's buffer, before jpeg_start_decompress() allocates
+ * libjpeg's buffers (a progressive JPEG's coefficients are those of the whole image).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -42,12 +46,13 @@ static void on_message(j_common_ptr cinfo, int level)
 }
 
 PyDoc_STRVAR(decode_region_doc,
-"decode_region(data, out, scale, x0, y0, x1, y1) -> (left, top, width, height)\n\n"
+"decode_region(data, out, scale, x0, y0, x1, y1, max_pixels=0) -> (left, top, width, height)\n\n"
 "Decode the JPEG ``data`` at 1/``scale`` (1, 2, 4 or 8) as RGB, only rows ``[y0, y1)`` and at least\n"
 "columns ``[x0, x1)`` of the scaled image, into ``out`` (a writable buffer of bytes), as rows of\n"
 "``width`` pixels. Returns where the decoded block lies in the scaled image: columns are widened\n"
 "to whole iMCUs on the left, so ``left <= x0`` and ``left + width == x1``; ``top == y0``.\n"
-"ValueError for data libjpeg cannot decode (its message) or a region outside the image.");
+"ValueError for data libjpeg cannot decode (its message), a region outside the image, or an image\n"
+"whose header claims more than ``max_pixels`` pixels (0: no limit), refused before libjpeg allocates.");
 
 struct region {
     const unsigned char *data;
@@ -55,7 +60,8 @@ struct region {
     unsigned char *out;
     Py_ssize_t capacity;
     unsigned int scale, x0, y0, x1, y1;
-    JDIMENSION left, width; /* out: the decoded block's columns */
+    unsigned long long max_pixels; /* 0: no limit */
+    JDIMENSION left, width;        /* out: the decoded block's columns */
 };
 
 /* The decode, without the GIL. Returns NULL or what went wrong (libjpeg's message lives in *fail).
@@ -72,9 +78,18 @@ static const char *run(struct jpeg_decompress_struct *cinfo, struct fail *fail, 
     cinfo->do_fancy_upsampling = TRUE;
     cinfo->scale_num = 1;
     cinfo->scale_denom = r->scale;
-    jpeg_start_decompress(cinfo);
+    /* The header's claims, checked before jpeg_start_decompress() allocates anything of their size. */
+    if (r->max_pixels > 0 && (unsigned long long)cinfo->image_width * cinfo->image_height > r->max_pixels) {
+        snprintf(fail->message, sizeof(fail->message), "the image's header claims %u x %u pixels, more than max_pixels = %llu",
+                 (unsigned int)cinfo->image_width, (unsigned int)cinfo->image_height, r->max_pixels);
+        return fail->message;
+    }
+    jpeg_calc_output_dimensions(cinfo);
     if (r->x0 >= r->x1 || r->y0 >= r->y1 || r->x1 > cinfo->output_width || r->y1 > cinfo->output_height)
         return "the region is empty or outside the scaled image";
+    if ((Py_ssize_t)(r->x1 - r->x0) * 3 * (Py_ssize_t)(r->y1 - r->y0) > r->capacity)
+        return "the output buffer is too small for the region";
+    jpeg_start_decompress(cinfo);
     r->left = r->x0;
     r->width = r->x1 - r->x0;
     if (r->x0 > 0 || r->width < cinfo->output_width) jpeg_crop_scanline(cinfo, &r->left, &r->width);
@@ -95,7 +110,8 @@ static PyObject *decode_region(PyObject *self, PyObject *args)
     struct region r;
     int scale;
     memset(&r, 0, sizeof(r));
-    if (!PyArg_ParseTuple(args, "y*w*iIIII", &data, &out, &scale, &r.x0, &r.y0, &r.x1, &r.y1)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*w*iIIII|K", &data, &out, &scale, &r.x0, &r.y0, &r.x1, &r.y1, &r.max_pixels))
+        return NULL;
     if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
@@ -134,13 +150,25 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* No shared state: every call has its own decompressor, error manager and buffers, and the GIL is
+ * released around the whole decode already. Free-threaded builds (3.13+) keep the GIL off. */
+static PyModuleDef_Slot slots[] = {
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
+    {0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "chute._jpeg",
-    "Partial JPEG decoding with libjpeg-turbo (built when its headers are present; see chute.images.codec).",
-    -1, methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "chute._jpeg",
+    .m_doc = "Partial JPEG decoding with libjpeg-turbo (built when its headers are present; see chute.images.codec).",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
 };
 
 PyMODINIT_FUNC PyInit__jpeg(void)
 {
-    return PyModule_Create(&module);
+    return PyModuleDef_Init(&module);
 }

@@ -26,6 +26,15 @@ handle (CMYK, YCCK) go through Pillow, which holds the GIL for part of the
 work. Everything comes out as RGB: grey and palette images are expanded,
 alpha is dropped. EXIF orientation is not applied (as torchvision's folder
 loaders do not).
+
+An image is bounded before anything of its size is allocated: every decode
+path reads the header first and refuses (:class:`ImageTooLargeError`) an image
+that claims more than ``max_pixels`` pixels (default :data:`MAX_PIXELS`,
+Pillow's limit): a JPEG of a few hundred bytes can claim 30000 x 20000 pixels,
+and a whole decode would grow a 1.8 GB buffer for it. A thread's buffer grows
+to the largest image it decodes and is given back after an outlier
+(:class:`_Scratch`), so one huge image does not pin its memory for the rest of
+the run.
 """
 
 from __future__ import annotations
@@ -44,9 +53,42 @@ from chute.errors import ChuteError
 JPEG_MAGIC = b"\xff\xd8\xff"
 _PILLOW_JPEG = ("CMYK", "YCCK")  # colour spaces simplejpeg cannot turn into RGB the way Pillow does
 
+#: The default pixel limit of every decode (``max_pixels``): Pillow's (``PIL.Image.MAX_IMAGE_PIXELS``,
+#: 1024 * 1024 * 1024 // 4 // 3, a 256 MiB RGB image; Pillow refuses twice that and warns above it).
+MAX_PIXELS = 89_478_485
+
+#: A thread's buffer is never smaller than this (decodes of small images then never reallocate) ...
+BUFFER_FLOOR = 1 << 18
+#: ... and is given back when it is more than SHRINK times the largest need of its last WINDOW decodes.
+SHRINK = 4
+WINDOW = 32
+
 
 class MissingCodecError(ChuteError):
     """An image codec (the ``chute[images]`` extra) is not installed."""
+
+
+class ImageTooLargeError(ChuteError):
+    """An image's header claims more pixels than ``max_pixels``: refused before anything of its size is allocated."""
+
+
+def check_max_pixels(max_pixels: int | None) -> int | None:
+    """``max_pixels`` as given, checked: a positive int, or None for no limit."""
+    if max_pixels is None:
+        return None
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+        raise ValueError(f"max_pixels must be a positive int (or None for no limit), got {max_pixels!r}")
+    return max_pixels
+
+
+def check_pixels(height: int, width: int, max_pixels: int | None) -> None:
+    """Refuse (:class:`ImageTooLargeError`) an image of ``height x width`` pixels over ``max_pixels``."""
+    if max_pixels is not None and height * width > max_pixels:
+        raise ImageTooLargeError(
+            f"the image's header claims {width} x {height} = {height * width:,} pixels, more than max_pixels="
+            f"{max_pixels:,} (a decompression bomb, or larger images than expected): pass a larger max_pixels "
+            "(or None) to chute.images.Decode or DecodeCrop if such images belong in the dataset"
+        )
 
 
 def simplejpeg() -> Any:
@@ -80,39 +122,106 @@ def is_jpeg(data: Any) -> bool:
     return bytes(memoryview(data)[:3]) == JPEG_MAGIC
 
 
-def image_size(data: Any) -> tuple[int, int]:
-    """``(height, width)`` of an encoded image, from its header (about 1 us for a JPEG)."""
+def image_size(data: Any, max_pixels: int | None = None) -> tuple[int, int]:
+    """``(height, width)`` of an encoded image, from its header (about 1 us for a JPEG); with ``max_pixels``,
+    :class:`ImageTooLargeError` for an image that claims more pixels."""
     if is_jpeg(data):
         h, w, colour, _ = simplejpeg().decode_jpeg_header(data)
-        return int(h), int(w)
-    with pillow().open(io.BytesIO(data)) as img:
-        return img.height, img.width
+        size = int(h), int(w)
+    else:
+        with _open_pillow(data, max_pixels) as img:
+            size = img.height, img.width
+    check_pixels(*size, max_pixels)
+    return size
 
 
-def decode_pillow(data: Any) -> np.ndarray:
-    """Pillow's RGB decode of ``data`` (a new ``uint8[h, w, 3]`` array): the reference pixels."""
-    with pillow().open(io.BytesIO(data)) as img:
+def _open_pillow(data: Any, max_pixels: int | None) -> Any:
+    """Pillow's image of ``data``, its header read (nothing decoded yet). Pillow refuses on its own an image
+    over twice ``PIL.Image.MAX_IMAGE_PIXELS`` as it opens it: that is reported as chute's error too."""
+    image = pillow()
+    try:
+        return image.open(io.BytesIO(data))
+    except (image.DecompressionBombError, image.DecompressionBombWarning) as exc:  # the warning: under -W error
+        pillows = (image.MAX_IMAGE_PIXELS or 0) * (2 if isinstance(exc, image.DecompressionBombError) else 1)
+        if max_pixels is not None and max_pixels <= pillows:
+            raise ImageTooLargeError(
+                f"the image's header claims more than max_pixels={max_pixels:,} pixels (Pillow: {exc}): pass a "
+                "larger max_pixels (or None) to chute.images.Decode or DecodeCrop if such images belong in the dataset"
+            ) from None
+        raise ImageTooLargeError(
+            f"Pillow refuses the image ({exc}), which chute's max_pixels={max_pixels} allows: raise "
+            "PIL.Image.MAX_IMAGE_PIXELS as well (or set it to None) to decode such images"
+        ) from None
+
+
+def decode_pillow(data: Any, max_pixels: int | None = MAX_PIXELS) -> np.ndarray:
+    """Pillow's RGB decode of ``data`` (a new ``uint8[h, w, 3]`` array): the reference pixels.
+
+    :class:`ImageTooLargeError` for an image whose header claims more than ``max_pixels`` pixels
+    (None: no limit of chute's), before Pillow decodes anything.
+    """
+    with _open_pillow(data, max_pixels) as img:
+        check_pixels(img.height, img.width, max_pixels)
         return np.asarray(img.convert("RGB"))
 
 
-class Decoder:
-    """Decodes into buffers that belong to the calling thread (one per thread, grown as needed)."""
+class _Scratch:
+    """One thread's decode buffer: grown to the largest image it decodes, given back after an outlier.
 
-    def __init__(self, fast: bool = False) -> None:
+    Every :data:`WINDOW` decodes, a buffer more than :data:`SHRINK` times the largest need of those
+    decodes is replaced by one of that need: one huge image does not pin its memory in every thread for
+    the rest of the run, and the usual spread of sizes never reallocates.
+    """
+
+    __slots__ = ("buffer", "largest", "calls")
+
+    def __init__(self) -> None:
+        self.buffer: np.ndarray | None = None
+        self.largest = 0  # the largest need of this window's decodes
+        self.calls = 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        need = max(int(nbytes), BUFFER_FLOOR)
+        self.largest = max(self.largest, need)
+        self.calls += 1
+        if self.calls >= WINDOW:
+            if self.buffer is not None and self.buffer.nbytes > SHRINK * self.largest:
+                self.buffer = np.empty(self.largest, dtype=np.uint8)  # the outlier's buffer goes back
+            self.largest = self.calls = 0
+        if self.buffer is None or self.buffer.nbytes < need:
+            self.buffer = np.empty(need, dtype=np.uint8)
+        return self.buffer
+
+
+class Decoder:
+    """Decodes into buffers that belong to the calling thread (one per thread, grown as needed, given back
+    after an outlier), refusing images over ``max_pixels`` from their header (:class:`ImageTooLargeError`)."""
+
+    def __init__(self, fast: bool = False, max_pixels: int | None = MAX_PIXELS) -> None:
         self.fast = fast
+        self.max_pixels = check_max_pixels(max_pixels)
         self._local = threading.local()
 
     def __getstate__(self) -> dict:
-        return {"fast": self.fast}  # buffers stay with their threads
+        return {"fast": self.fast, "max_pixels": self.max_pixels}  # buffers stay with their threads
 
     def __setstate__(self, state: dict) -> None:
         type(self).__init__(self, **state)
 
+    def _scratch(self) -> _Scratch:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = _Scratch()
+        return scratch
+
     def _buffer(self, nbytes: int) -> np.ndarray:
-        buffer = getattr(self._local, "buffer", None)
-        if buffer is None or buffer.nbytes < nbytes:
-            buffer = self._local.buffer = np.empty(max(nbytes, 1 << 18), dtype=np.uint8)
-        return buffer
+        return self._scratch().take(nbytes)
+
+    @property
+    def buffer_nbytes(self) -> int:
+        """The bytes of the calling thread's buffer (0 before its first decode)."""
+        buffer = self._scratch().buffer
+        return 0 if buffer is None else buffer.nbytes
 
     def decode(self, data: Any, min_size: tuple[int, int] = (0, 0), scale: int = 1) -> np.ndarray:
         """``uint8[h, w, 3]`` RGB pixels of ``data``, valid until this thread's next call.
@@ -126,6 +235,7 @@ class Decoder:
         if is_jpeg(data):
             codec = simplejpeg()
             h, w, colour, _ = codec.decode_jpeg_header(data)
+            check_pixels(h, w, self.max_pixels)  # before the buffer grows: the header may claim anything
             if colour not in _PILLOW_JPEG:
                 buffer = self._buffer(h * w * 3)
                 if self.fast and min(min_size) > 0:
@@ -140,7 +250,7 @@ class Decoder:
                         data, buffer=buffer, min_height=-(-h // scale), min_width=-(-w // scale), min_factor=scale,
                     )
                 return codec.decode_jpeg(data, buffer=buffer)
-        return decode_pillow(data)
+        return decode_pillow(data, self.max_pixels)
 
     def decode_region(self, data: Any, scale: int, x0: int, y0: int, x1: int, y1: int) -> tuple[np.ndarray, int, int] | None:
         """Rows ``[y0, y1)`` and at least columns ``[x0, x1)`` of the JPEG ``data`` decoded at 1/``scale``
@@ -156,8 +266,9 @@ class Decoder:
         if module is None or self.fast or not is_jpeg(data):
             return None
         h, w, colour, _ = simplejpeg().decode_jpeg_header(data)
+        check_pixels(h, w, self.max_pixels)  # before the buffer grows (chute._jpeg checks again, before libjpeg allocates)
         if colour in _PILLOW_JPEG:
             return None
         buffer = self._buffer(-(-h // scale) * -(-w // scale) * 3)
-        left, top, width, rows = module.decode_region(data, buffer, scale, x0, y0, x1, y1)
+        left, top, width, rows = module.decode_region(data, buffer, scale, x0, y0, x1, y1, self.max_pixels or 0)
         return buffer[:rows * width * 3].reshape(rows, width, 3), left, top

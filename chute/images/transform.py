@@ -30,7 +30,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from chute.images.codec import Decoder, image_size
+from chute.images.codec import MAX_PIXELS, Decoder, ImageTooLargeError, image_size
 from chute.images.plan import CenterCrop, HorizontalFlip, Op, Plan, RandomCrop, RandomResizedCrop, Resize, dct_scale
 from chute.images.render import Normalize, Renderer
 
@@ -51,13 +51,20 @@ class Decode:
     within the pixel tolerance docs/images.md states, and only the region
     around the box is decoded where ``chute._jpeg`` was built (within one level
     of a whole decode); ``scaled=False`` always decodes whole images in full.
+
+    ``max_pixels`` (default :data:`~chute.images.codec.MAX_PIXELS`, Pillow's limit; None: no limit): an
+    image whose header claims more pixels is refused before anything of its size is allocated, a
+    :class:`~chute.pipeline.transform.TransformError` naming its sample, or skipped with the Loader's
+    ``on_error="skip"``.
     """
 
     #: Its work per image (decode, resize, crop, normalize) runs in native code without the GIL, on all
     #: cores at once: the Loader's autotuner starts at one worker thread per core (docs/observe.md).
     gil_free = True
 
-    def __init__(self, column: str, *ops: Op | Normalize, fast: bool = False, scaled: bool = True) -> None:
+    def __init__(
+        self, column: str, *ops: Op | Normalize, fast: bool = False, scaled: bool = True, max_pixels: int | None = MAX_PIXELS,
+    ) -> None:
         if not isinstance(column, str):
             raise TypeError(f"the image column must be a column name (str), got {column!r}")
         normalize = None
@@ -85,7 +92,8 @@ class Decode:
         self.scaled = bool(scaled)
         self.size: tuple[int, int] = sized[-1]
         self.draws = sum(op.draws for op in geometry)
-        self.decoder = Decoder(self.fast)
+        self.decoder = Decoder(self.fast, max_pixels)
+        self.max_pixels = self.decoder.max_pixels
         self.renderer = Renderer(normalize)
 
     @property
@@ -95,7 +103,8 @@ class Decode:
 
     def __repr__(self) -> str:
         ops = ", ".join(repr(op) for op in (*self.ops, *(() if self.normalize is None else (self.normalize,))))
-        return f"chute.images.Decode({self.column!r}, {ops}{', fast=True' if self.fast else ''}{'' if self.scaled else ', scaled=False'})"
+        limit = "" if self.max_pixels == MAX_PIXELS else f", max_pixels={self.max_pixels!r}"
+        return f"chute.images.Decode({self.column!r}, {ops}{', fast=True' if self.fast else ''}{'' if self.scaled else ', scaled=False'}{limit})"
 
     # ------------------------------------------------------------------ the batch
 
@@ -118,7 +127,9 @@ class Decode:
         sizes = np.ones((n, 2), dtype=np.int64)
         for j in range(n):
             try:
-                sizes[j] = images[j].shape[1:] if stored else image_size(images[j])
+                sizes[j] = images[j].shape[1:] if stored else image_size(images[j], self.max_pixels)
+            except ImageTooLargeError as exc:
+                ctx.fail(j, f"the image in column {self.column!r} is too large", exc)
             except Exception as exc:
                 ctx.fail(j, f"cannot read the image header in column {self.column!r}", exc)
         plan = self.plan(sizes, ctx)
@@ -245,6 +256,7 @@ def DecodeCrop(  # noqa: N802 (a constructor in the shape users call it)
     normalize: Normalize | bool | None = None,
     fast: bool = False,
     scaled: bool = True,
+    max_pixels: int | None = MAX_PIXELS,
 ) -> Decode:
     """The common image pipelines in one call: a :class:`Decode` of ``column`` to ``size``.
 
@@ -254,7 +266,9 @@ def DecodeCrop(  # noqa: N802 (a constructor in the shape users call it)
     * ``DecodeCrop("jpg", 224, scale=(0.08, 1.0))``: a random-resized crop (``ratio`` its aspect range; ImageNet training);
     * ``flip=True`` adds a random horizontal flip; ``normalize=True`` (ImageNet's mean and std, float32)
       or a :class:`Normalize` gives floats instead of uint8;
-    * ``scaled=False`` decodes every JPEG whole and in full (see :class:`Decode`).
+    * ``scaled=False`` decodes every JPEG whole and in full (see :class:`Decode`);
+    * ``max_pixels``: the largest image accepted, in pixels from its header (default Pillow's limit,
+      about 89.5 million; None: no limit); a larger one fails its sample (see :class:`Decode`).
     """
     ops: list[Any] = []
     if resize is not None:
@@ -275,4 +289,4 @@ def DecodeCrop(  # noqa: N802 (a constructor in the shape users call it)
         ops.append(normalize)
     elif normalize not in (None, False):
         raise TypeError(f"normalize must be True, False or a chute.images.Normalize, got {normalize!r}")
-    return Decode(column, *ops, fast=fast, scaled=scaled)
+    return Decode(column, *ops, fast=fast, scaled=scaled, max_pixels=max_pixels)

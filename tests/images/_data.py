@@ -32,3 +32,25 @@ def encode(array: np.ndarray, fmt: str = "JPEG", mode: str | None = None, **opti
 
 def jpeg(i: int, h: int = 64, w: int = 80) -> bytes:
     return encode(pixels(i, h, w))
+
+
+def jpeg_bomb(height: int = 20000, width: int = 30000, progressive: bool = False) -> bytes:
+    """A JPEG of a few hundred bytes whose header claims ``height x width`` pixels (an 8 x 8 image's data,
+    its frame header rewritten): what a decompression bomb looks like to a decoder that trusts the header."""
+    data = bytearray(encode(pixels(0, 8, 8), progressive=progressive))
+    marker = data.find(b"\xff\xc2" if progressive else b"\xff\xc0")  # start of frame: length, precision, height, width
+    assert marker > 0
+    data[marker + 5:marker + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(data)
+
+
+def png_bomb(height: int = 20000, width: int = 30000) -> bytes:
+    """A PNG of a few dozen bytes whose header (IHDR) claims ``height x width`` RGB pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
