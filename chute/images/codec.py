@@ -270,5 +270,6 @@ class Decoder:
         if colour in _PILLOW_JPEG:
             return None
         buffer = self._buffer(-(-h // scale) * -(-w // scale) * 3)
-        left, top, width, rows = module.decode_region(data, buffer, scale, x0, y0, x1, y1, self.max_pixels or 0)
+        limit = 0 if self.max_pixels is None else min(self.max_pixels, 2**64 - 1)  # 0: none (a C unsigned long long)
+        left, top, width, rows = module.decode_region(data, buffer, scale, x0, y0, x1, y1, limit)
         return buffer[:rows * width * 3].reshape(rows, width, 3), left, top

@@ -61,12 +61,14 @@ def test_a_bomb_is_refused_from_its_header_before_any_large_allocation(probe, ca
     assert grew < 64, f"{case}: the peak address space grew by {grew:.0f} MiB (a whole decode: {BOMB_MIB:.0f})"
 
 
-@pytest.mark.parametrize("case", ["partial/jpeg", "partial/progressive", "partial_c/progressive"])
+@pytest.mark.parametrize("case", ["partial/jpeg", "partial/progressive", "partial_c/progressive", "partial_c_small_out/progressive"])
 def test_a_bomb_is_refused_before_any_large_allocation_by_the_partial_decoder(probe, case):
     pytest.importorskip("chute._jpeg")
     grew, (kind, message) = probe[case]["grew_mib"], probe[case]["outcome"]
     if case == "partial_c/progressive":  # chute._jpeg itself, called directly: before libjpeg allocates
         assert kind == "ValueError" and "claims 30000 x 20000 pixels, more than max_pixels = 89478485" in message
+    elif case == "partial_c_small_out/progressive":  # no limit given, but the caller's buffer is checked first
+        assert kind == "ValueError" and "the output buffer is too small for the region" in message
     else:
         assert kind == "ImageTooLargeError" and "more than max_pixels=89,478,485" in message
     assert grew < 64, f"{case}: the peak address space grew by {grew:.0f} MiB (a whole decode: {BOMB_MIB:.0f})"
