@@ -114,11 +114,13 @@ def read_image_bytes(path: str) -> bytes:
 
 def read_image_pixels(path: str) -> np.ndarray:
     """The decoded pixels of one image file, ``uint8[3, height, width]`` RGB (``--decode``)."""
-    from chute.images.codec import Decoder
+    from chute.images.codec import Decoder, ImageTooLargeError
 
     data = read_image_bytes(path)
     try:
         return np.ascontiguousarray(Decoder().decode(data).transpose(2, 0, 1))
+    except ImageTooLargeError as exc:
+        raise ChuteError(f"cannot decode image {path}: {exc}; remove it, or convert without --decode") from None
     except ChuteError:
         raise
     except Exception as exc:

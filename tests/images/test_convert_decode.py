@@ -12,7 +12,7 @@ import chute
 from chute.cli import main
 from chute.images import Decode, HorizontalFlip, RandomResizedCrop
 from chute.images.codec import decode_pillow
-from tests.images._data import encode, pixels
+from tests.images._data import encode, jpeg_bomb, pixels
 
 pytest.importorskip("simplejpeg")
 
@@ -52,6 +52,16 @@ def test_images_of_different_sizes_are_refused_and_nothing_is_left(tmp_path, cap
     err = capsys.readouterr().err
     assert "--decode needs every image to have the same size: image cat/07.jpeg is 60 x 40" in err
     assert "convert without --decode" in err
+    assert not dst.exists() or not os.listdir(dst)
+
+
+def test_a_decompression_bomb_is_named_by_its_file_and_nothing_is_left(tmp_path, capsys):
+    src = folder(tmp_path / "src")
+    (src / "cat" / "99.jpg").write_bytes(jpeg_bomb())
+    dst = tmp_path / "pixels"
+    assert main(["convert", str(src), str(dst), "--decode", "--workers", "0", "--quiet"]) != 0
+    err = capsys.readouterr().err
+    assert "cannot decode image" in err and "99.jpg" in err and "more than max_pixels=89,478,485" in err
     assert not dst.exists() or not os.listdir(dst)
 
 
