@@ -124,7 +124,7 @@ def chute_remote(url: str):
     from chute.storage.net.remote import Remote
 
     remote = Remote(url)
-    _ = remote.s3_client, remote.http_connections
+    _ = remote.s3_client, remote.http_client
     return remote
 
 

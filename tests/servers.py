@@ -30,6 +30,8 @@ region, and turn off the EC2 metadata lookup, so nothing tries to reach AWS.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import email.utils
 import http.client
 import os
@@ -38,6 +40,7 @@ import re
 import selectors
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -46,7 +49,7 @@ import time
 import traceback
 import urllib.parse
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -77,12 +80,24 @@ class ServerStartError(RuntimeError):
 
 
 class LoggedRequest(NamedTuple):
-    """One request as the server saw it; ``status`` is 0 when it was never answered."""
+    """One request as the server saw it; ``status`` is 0 when it was never answered.
+
+    ``headers`` are the request's; ``start`` and ``end`` (``time.monotonic()``) when the answer
+    began and when its body was sent or given up; ``complete`` whether the whole body went out
+    (False while it is being sent, and for a body cut short: a client that went away, a fault)."""
 
     method: str
     path: str
     range: str | None
     status: int
+    headers: tuple[tuple[str, str], ...] = ()
+    start: float = 0.0
+    end: float = 0.0
+    complete: bool = False
+
+    def header(self, name: str) -> str | None:
+        """The request header ``name`` (any case), or None."""
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
 
 
 def s3_storage_options(endpoint_url: str) -> dict[str, Any]:
@@ -127,7 +142,7 @@ def s3_client_env(endpoint_url: str) -> dict[str, str]:
 class _Fault:
     """One fault rule. ``fires`` is called under the owning ``Faults`` lock."""
 
-    action: str  # "status", "truncate", "corrupt", "hang", "trickle"
+    action: str  # "status", "truncate", "corrupt", "hang", "trickle", "redirect", "oversend"
     pattern: re.Pattern[str] | None = None
     method: str | None = None
     status: int = 500
@@ -137,6 +152,9 @@ class _Fault:
     times: int | None = None  # firings left; None: unlimited
     retry_after: int | None = None
     interval: float = 0.0  # "trickle": seconds between the body's bytes
+    to: str = ""  # "redirect": the base URL the request's path is sent to
+    extra: int = 0  # "oversend": bytes sent past the body
+    how: str = ""  # "oversend": "no-length", "huge-length", "long-range", "wrong-range" (see FaultyHTTPServer.oversend)
     matched: int = 0
 
     def fires(self, method: str, path: str) -> bool:
@@ -246,9 +264,17 @@ class RequestLog:
         self._entries: list[LoggedRequest] = []
         self._bytes_sent = 0
 
-    def add(self, entry: LoggedRequest) -> None:
+    def add(self, entry: LoggedRequest) -> int:
+        """Log ``entry``; its index, for :meth:`finish`."""
         with self._lock:
             self._entries.append(entry)
+            return len(self._entries) - 1
+
+    def finish(self, index: int, complete: bool) -> None:
+        """The body of request ``index`` went out whole (``complete``) or was given up, now."""
+        with self._lock:
+            if index < len(self._entries):
+                self._entries[index] = self._entries[index]._replace(end=time.monotonic(), complete=complete)
 
     def add_bytes(self, n: int) -> None:
         with self._lock:
@@ -471,11 +497,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         srv = self.server
+        headers = tuple(self.headers.items())
         fault = srv.faults.decide(method, self.path)
         if fault is not None and fault.action == "hang":
             srv.faults.wait_released()
             if not srv.serving:
-                srv.log.add(LoggedRequest(method, self.path, self.headers.get("Range"), 0))
+                srv.log.add(LoggedRequest(method, self.path, self.headers.get("Range"), 0, headers, time.monotonic(), time.monotonic()))
                 self.close_connection = True
                 return
             fault = None
@@ -485,42 +512,80 @@ class _Handler(BaseHTTPRequestHandler):
                 self.read_request_body()
             reply = _error_reply(fault.status, f"fault injected by the test server ({fault.status})", extra)
             fault = None
+        elif fault is not None and fault.action == "redirect":
+            location = fault.to.rstrip("/") + self.path
+            reply = _Reply(fault.status, [("Location", location), ("Content-Length", "0")], body=b"")
+            fault = None
         else:
             reply = srv.backend.reply(self, method, srv.faults.ignores_range(self.path))
             if reply.status == 405:
                 self.close_connection = True
-        srv.log.add(LoggedRequest(method, self.path, self.headers.get("Range"), reply.status))
-        self.send_response(reply.status)
-        for key, value in reply.headers:
-            self.send_header(key, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if method != "HEAD":
-            self._send_body(reply, fault)
+        if fault is not None and fault.action == "oversend":
+            reply = self._oversized(reply, fault)
+        index = srv.log.add(LoggedRequest(method, self.path, self.headers.get("Range"), reply.status, headers, time.monotonic()))
+        complete = False
+        try:
+            self.send_response(reply.status)
+            for key, value in reply.headers:
+                self.send_header(key, value)
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            complete = method == "HEAD" or self._send_body(reply, fault)
+        finally:
+            srv.log.finish(index, complete)
 
-    def _send_body(self, reply: _Reply, fault: _Fault | None) -> None:
+    def _oversized(self, reply: _Reply, fault: _Fault) -> _Reply:
+        """The headers an over-sending fault announces (its body is the file's, then ``fault.extra`` bytes)."""
+        if reply.status >= 300:
+            return reply
+        n = reply.body_length
+        kept = [(k, v) for k, v in reply.headers if k.lower() != "content-length"]
+        if fault.how == "no-length":  # the body ends when the connection does
+            self.close_connection = True
+            return dataclasses.replace(reply, headers=kept)
+        if fault.how == "wrong-range" and reply.status == 206:  # the length asked for, other bytes
+            shifted = [(k, v) for k, v in kept if k.lower() != "content-range"]
+            start = reply.offset + 1
+            shifted += [("Content-Range", f"bytes {start}-{start + n - 1}/*"), ("Content-Length", str(n))]
+            return dataclasses.replace(reply, headers=shifted)
+        return dataclasses.replace(reply, headers=kept + [("Content-Length", str(n + fault.extra))])
+
+    def _send_body(self, reply: _Reply, fault: _Fault | None) -> bool:
+        """Send the body (as the fault says); whether all of it went out."""
         n = reply.body_length
         if fault is not None and fault.action == "truncate":
             self._send_span(reply, 0, n // 2)
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)  # the client sees EOF mid-body
-        elif fault is not None and fault.action == "trickle":
+            return False
+        if fault is not None and fault.action == "trickle":
             for k in range(n):  # one byte at a time: slow, never silent (no read timeout fires)
                 if not self.server.serving:
-                    break
+                    return False
                 self._send_span(reply, k, k + 1)
                 time.sleep(fault.interval)
             self.close_connection = True
-        elif fault is not None and fault.action == "corrupt" and n > 0:
+            return True
+        if fault is not None and fault.action == "corrupt" and n > 0:
             k = n // 2
             self._send_span(reply, 0, k)
             flipped = bytes([self._byte_at(reply, k) ^ 0xFF])
             self.server.log.add_bytes(1)
             self.connection.sendall(flipped)
             self._send_span(reply, k + 1, n)
-        else:
-            self._send_span(reply, 0, n)
+            return True
+        self._send_span(reply, 0, n)
+        if fault is not None and fault.action == "oversend" and reply.status < 300 and fault.how != "wrong-range":
+            junk = bytes(1 << 20)
+            left = fault.extra
+            while left > 0:  # until the client hangs up (it must, at the first byte too many)
+                piece = memoryview(junk)[: min(left, len(junk))]
+                self.server.log.add_bytes(len(piece))
+                self.connection.sendall(piece)
+                left -= len(piece)
+            self.close_connection = True
+        return True
 
     def _send_span(self, reply: _Reply, start: int, stop: int) -> None:
         if stop <= start:
@@ -559,9 +624,11 @@ class FaultyHTTPServer:
     threads, and ``start()`` listens again on the same port.
     """
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, host: str = HOST, port: int = 0, *, upstream: str | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None = None, host: str = HOST, port: int = 0, *, upstream: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         if (root is None) == (upstream is None):
             raise ValueError("give exactly one of root (a directory to serve) or upstream (a URL to forward to)")
+        self.tls = tls  # serve https with this context (see tls_files)
         self.root = Path(root) if root is not None else None
         self.backend: _FileBackend | _ProxyBackend = _FileBackend(self.root) if self.root is not None else _ProxyBackend(upstream)  # type: ignore[arg-type]
         self.host = host
@@ -583,8 +650,8 @@ class FaultyHTTPServer:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:PORT/``"""
-        return f"http://{self.host}:{self.port}/"
+        """``http://127.0.0.1:PORT/`` (``https://`` with ``tls``)"""
+        return f"{'https' if self.tls is not None else 'http'}://{self.host}:{self.port}/"
 
     @property
     def endpoint_url(self) -> str:
@@ -665,6 +732,13 @@ class FaultyHTTPServer:
 
     def _run_connection(self, conn: socket.socket, addr: tuple[str, int]) -> None:
         try:
+            if self.tls is not None:
+                raw = conn
+                conn = self.tls.wrap_socket(raw, server_side=True)  # the handshake, in this connection's thread
+                with self._lock:  # stop() shuts the wrapped socket down (the raw one is detached now)
+                    thread = self._conns.pop(raw, None)
+                    if thread is not None:
+                        self._conns[conn] = thread
             _Handler(conn, addr, self)  # type: ignore[arg-type]
         except OSError:
             pass  # the client went away, or stop() closed the connection
@@ -705,6 +779,21 @@ class FaultyHTTPServer:
         not silent: no read timeout fires)."""
         self.faults.add(_Fault("trickle", _compile(pattern), "GET", times=times, interval=interval))
 
+    def redirect(self, to: str, pattern: str | None = None, *, status: int = 302, times: int | None = None) -> None:
+        """Matching GETs are answered ``status`` with ``Location: <to><path>`` (``to``: another server's base URL,
+        or this one's under another path)."""
+        self.faults.add(_Fault("redirect", _compile(pattern), "GET", status=status, times=times, to=to))
+
+    def oversend(self, pattern: str | None = None, *, extra: int = 64 << 20, how: str = "no-length", times: int | None = None) -> None:
+        """Matching GETs send more than was asked for: the file's bytes, then ``extra`` more (until the client
+        hangs up). ``how``: ``"no-length"`` (no Content-Length, the connection's end ends the body),
+        ``"huge-length"`` (a Content-Length ``extra`` bytes too long), ``"long-range"`` (a 206 whose
+        Content-Length and body pass its range), ``"wrong-range"`` (a 206 with the length asked for but a
+        Content-Range one byte further on, and no extra bytes)."""
+        if how not in ("no-length", "huge-length", "long-range", "wrong-range"):
+            raise ValueError(f"unknown over-sending {how!r}")
+        self.faults.add(_Fault("oversend", _compile(pattern), "GET", times=times, extra=extra, how=how))
+
     def hang(self, pattern: str | None = None, *, method: str | None = "GET", times: int | None = None) -> None:
         """Matching requests are read and then never answered until ``release()`` or ``stop()``."""
         self.faults.add(_Fault("hang", _compile(pattern), method, times=times))
@@ -739,6 +828,209 @@ class FaultyHTTPServer:
     def bytes_sent(self) -> int:
         """Body bytes handed to the sockets since the start (or ``log.clear()``)."""
         return self.log.bytes_sent
+
+
+# ----------------------------------------------------------------------------
+# A forward proxy, and certificates for https servers
+# ----------------------------------------------------------------------------
+
+
+class ProxiedRequest(NamedTuple):
+    """One request a ``ForwardProxy`` carried: ``GET http://host:port/path`` or ``CONNECT host:port``."""
+
+    method: str
+    target: str
+    headers: tuple[tuple[str, str], ...]
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 60
+    server: _ProxyServer  # type: ignore[assignment]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def _logged(self) -> None:
+        self.server.owner.add(ProxiedRequest(self.command, self.path, tuple(self.headers.items())))
+
+    def do_GET(self) -> None:
+        """An absolute-URI request: forwarded to its origin, the answer sent back whole."""
+        self._logged()
+        parts = urllib.parse.urlsplit(self.path)
+        if parts.scheme != "http" or not parts.hostname:
+            self.send_error(400, "a forward proxy takes absolute http:// URIs")
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP and not k.lower().startswith("proxy-")}
+        conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=60)
+        try:
+            conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
+            response = conn.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self.send_error(502, f"upstream failed: {exc!r}")
+            return
+        finally:
+            conn.close()
+        self.send_response(response.status)
+        for key, value in response.getheaders():
+            if key.lower() not in _HOP_BY_HOP:
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_CONNECT(self) -> None:
+        """A tunnel to ``host:port``: bytes relayed both ways until either side closes."""
+        self._logged()
+        host, _, port = self.path.rpartition(":")
+        try:
+            upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=60)
+        except (OSError, ValueError) as exc:
+            self.send_error(502, f"cannot reach {self.path}: {exc!r}")
+            return
+        self.send_response(200, "Connection established")
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        client = self.connection
+        self.server.owner.track(upstream)
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(client, selectors.EVENT_READ, upstream)
+                sel.register(upstream, selectors.EVENT_READ, client)
+                while True:
+                    for key, _ in sel.select():
+                        data = key.fileobj.recv(1 << 16)  # type: ignore[union-attr]
+                        if not data:
+                            return
+                        key.data.sendall(data)
+        except OSError:
+            return
+        finally:
+            self.server.owner.untrack(upstream)
+            upstream.close()
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: ForwardProxy
+
+
+class ForwardProxy:
+    """A forward HTTP proxy on 127.0.0.1, as a cluster's egress proxy is: absolute-URI GETs for http://
+    targets, CONNECT tunnels for https:// ones. Every request it carried is in ``log``."""
+
+    def __init__(self, host: str = HOST, port: int = 0) -> None:
+        self.host, self.port = host, port
+        self.log: list[ProxiedRequest] = []
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._server: _ProxyServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` (as HTTP_PROXY takes it)."""
+        return f"http://{self.host}:{self.port}"
+
+    def add(self, entry: ProxiedRequest) -> None:
+        with self._lock:
+            self.log.append(entry)
+
+    def track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.add(sock)
+
+    def untrack(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.discard(sock)
+
+    def start(self) -> ForwardProxy:
+        server = _ProxyServer((self.host, self.port), _ProxyHandler)
+        server.owner = self
+        self.port = server.server_address[1]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name=f"forward-proxy-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:  # open tunnels end
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        assert self._thread is not None
+        self._thread.join(10)
+
+    def __enter__(self) -> ForwardProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def tls_files(folder: str | os.PathLike[str]) -> tuple[str, str, str]:
+    """``(ca, cert, key)``: PEM files of a test certificate authority and of a server certificate it signed
+    for 127.0.0.1 and localhost (made with ``cryptography``). A client trusts the server with ``ca``
+    (``SSL_CERT_FILE=ca``); ``server_tls(cert, key)`` is the server's context."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "chute test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(HOST)), x509.DNSName("localhost")]),
+                       critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    folder = Path(folder)
+    paths = folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(paths[0]), str(paths[1]), str(paths[2])
+
+
+def server_tls(cert: str, key: str) -> ssl.SSLContext:
+    """The server side of ``tls_files``' certificate."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 # ----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from chute._sizes import parse_size
 from chute.errors import ChuteError, ManifestError
 from chute.format.schema import Schema
 
@@ -157,15 +158,38 @@ def local_path(path: str | os.PathLike, action: str) -> str:
     return os.path.expanduser(text)
 
 
-def read_manifest(path: str) -> str:
-    """The text of the manifest file ``path`` (UTF-8); ManifestError if it cannot be read as such."""
+#: The largest manifest read (bytes), unless chute.open's manifest_limit or CHUTE_MANIFEST_LIMIT says otherwise.
+MANIFEST_LIMIT = 64 << 20
+MANIFEST_LIMIT_ENV = "CHUTE_MANIFEST_LIMIT"
+
+
+def manifest_cap(value: int | str | None = None) -> int:
+    """The cap on a manifest's size in bytes: ``value`` (a number, or a string such as ``"256MB"``), else
+    ``$CHUTE_MANIFEST_LIMIT``, else :data:`MANIFEST_LIMIT`."""
+    source = "manifest_limit"
+    if value is None:
+        value, source = os.environ.get(MANIFEST_LIMIT_ENV) or MANIFEST_LIMIT, MANIFEST_LIMIT_ENV
+    try:
+        cap = parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"{source} must be a number of bytes or a size such as '64MB' ({exc})") from None
+    if cap <= 0:
+        raise ValueError(f"{source} must be a positive number of bytes, got {value!r}")
+    return cap
+
+
+def read_manifest(path: str, limit: int | None = None) -> str:
+    """The text of the manifest file ``path`` (UTF-8); ManifestError if it cannot be read as such, or if it is
+    larger than ``limit`` bytes (read no further than that)."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if limit is not None and len(data) > limit:
+        raise ManifestError(too_large(path, limit))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -173,6 +197,12 @@ def read_manifest(path: str) -> str:
             f"{path} is not UTF-8 text (byte {exc.start} is {data[exc.start:exc.start + 1]!r}); the manifest is "
             "damaged: write the dataset again"
         ) from None
+
+
+def too_large(where: str, limit: int) -> str:
+    """The message of a manifest larger than the cap on manifests."""
+    return (f"{where} is larger than {limit:,} bytes, the most chute reads of a manifest; if the dataset really "
+            "has one that large, raise the cap: chute.open(..., manifest_limit=\"256MB\") or CHUTE_MANIFEST_LIMIT=256MB")
 
 
 def check_shard_path(file: str, where: str) -> str:

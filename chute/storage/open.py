@@ -17,9 +17,9 @@ from typing import Any
 from chute._sizes import parse_size
 from chute.errors import ManifestError, ShardError
 from chute.format import validate
-from chute.format.manifest import MANIFEST_NAME, local_path, parse_manifest, read_manifest
+from chute.format.manifest import MANIFEST_NAME, local_path, manifest_cap, parse_manifest, read_manifest, too_large
 from chute.format.reader import Dataset
-from chute.storage.net.remote import NotFound, Remote, RetryPolicy, is_remote
+from chute.storage.net.remote import NotFound, Remote, RetryPolicy, TooLarge, is_remote
 from chute.storage.node.cache import ShardCache
 
 
@@ -34,6 +34,7 @@ def open_dataset(
     progressive: bool = False,
     min_speed: int | str | None = None,
     min_speed_window: float | None = None,
+    manifest_limit: int | str | None = None,
 ) -> Dataset:
     """Open the chute dataset at ``path``: a local directory holding ``manifest.json``, or a URL.
 
@@ -51,6 +52,13 @@ def open_dataset(
     number or a string such as ``"1MB"``; 0: no floor) over ``min_speed_window``
     seconds (default 30) is cancelled and retried, like a failed one.
 
+    A manifest larger than ``manifest_limit`` bytes (a number or a string such as
+    ``"256MB"``; default ``$CHUTE_MANIFEST_LIMIT``, else 64 MiB) is a
+    :class:`chute.ManifestError`: no more than that is read or kept in memory.
+    Every download is bounded by the manifest: a server that sends more bytes
+    than a shard has fails that transfer (retried), and the cache never holds
+    more than ``cache_limit``.
+
     ``progressive=True`` (a remote dataset with a ``cache_limit``): each
     epoch of a Loader covers the shards in the cache when it starts, while a
     background filler keeps rotating new shards in (docs/remote.md).
@@ -62,6 +70,7 @@ def open_dataset(
     structure the reader relies on (offsets, buffer bounds, row count); see
     docs/format.md. :meth:`Dataset.verify` checks every shard at once.
     """
+    cap = manifest_cap(manifest_limit)
     if progressive:
         if not is_remote(os.fspath(path)):
             raise ValueError(
@@ -73,11 +82,11 @@ def open_dataset(
                 f"progressive=True needs a cache_limit (chute.open({os.fspath(path)!r}, progressive=True, cache_limit=...)): "
                 "the mode trains on what fits in the cache while it rotates"
             )
-        ds = open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window)
+        ds = open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window, manifest_limit=cap)
         ds.progressive = True
         return ds
     if is_remote(os.fspath(path)):
-        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window)
+        return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window, manifest_limit=cap)
     root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if os.path.isfile(root):  # it exists: say what it is not, not that it is missing
@@ -86,7 +95,7 @@ def open_dataset(
     if not os.path.isdir(root):
         raise ManifestError(f"{root} does not exist or is not a directory; a chute dataset is a directory with a {MANIFEST_NAME}")
     try:
-        text = read_manifest(manifest_path)
+        text = read_manifest(manifest_path, cap)
     except FileNotFoundError:
         raise ManifestError(
             f"{root} has no {MANIFEST_NAME}: it is not a chute dataset, or its writer did not "
@@ -94,7 +103,7 @@ def open_dataset(
         ) from None
     manifest = parse_manifest(text, manifest_path)
     if any(info.compression for info in manifest.shards):  # compressed shards are read through the cache
-        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window)
+        return open_remote("file://" + root, cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window, manifest_limit=cap)
     real_root = os.path.realpath(root)
     for info in manifest.shards:
         path_i = os.path.join(root, *info.file.split("/"))
@@ -131,8 +140,10 @@ def open_remote(
     verify: bool = True,
     min_speed: int | str | None = None,
     min_speed_window: float | None = None,
+    manifest_limit: int | str | None = None,
 ) -> Dataset:
-    """Read the manifest at ``url`` and return the dataset, its shards read through the node cache."""
+    """Read the manifest at ``url`` (at most ``manifest_limit`` bytes, see :func:`manifest_cap`) and return
+    the dataset, its shards read through the node cache."""
     retry = RetryPolicy()
     if retries is not None:
         retry = dataclasses.replace(retry, attempts=max(1, int(retries)))
@@ -142,8 +153,11 @@ def open_remote(
         retry = dataclasses.replace(retry, min_speed_window=float(min_speed_window))
     remote = Remote(url, dict(storage_options or {}), retry)
     where = f"{remote.url}/{MANIFEST_NAME}"
+    cap = manifest_cap(manifest_limit)
     try:
-        text = remote.read(MANIFEST_NAME).decode("utf-8")
+        text = remote.read(MANIFEST_NAME, cap).decode("utf-8")
+    except TooLarge:
+        raise ManifestError(too_large(where, cap)) from None
     except NotFound:
         raise ManifestError(
             f"{where} does not exist: {remote.url} is not a chute dataset, or its writer did not finish "

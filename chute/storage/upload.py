@@ -15,8 +15,8 @@ import os
 from typing import Any
 
 from chute.errors import ChuteError
-from chute.format.manifest import COMPRESSED_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, parse_manifest
-from chute.storage.net.remote import NotFound, Remote
+from chute.format.manifest import COMPRESSED_SUFFIX, MANIFEST_NAME, Manifest, ShardInfo, manifest_cap, parse_manifest
+from chute.storage.net.remote import NotFound, Remote, TooLarge
 
 
 class Upload:
@@ -34,9 +34,9 @@ class Upload:
     def previous(self) -> Manifest | None:
         """The manifest of a dataset already at the URL, if any."""
         try:
-            text = self.remote.read(MANIFEST_NAME).decode("utf-8")
-        except NotFound:
-            return None
+            text = self.remote.read(MANIFEST_NAME, manifest_cap()).decode("utf-8")
+        except (NotFound, TooLarge):
+            return None  # none, or one too large to read: replaced by this write
         try:
             return parse_manifest(text, f"{self.remote.url}/{MANIFEST_NAME}")
         except ChuteError:

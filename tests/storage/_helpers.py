@@ -123,6 +123,62 @@ def cache_bytes(cache_dir: str) -> int:
         os.close(fd)
 
 
+def overgrown_parts(cache_dir: str) -> list[str]:
+    """The ``.part`` downloads under ``cache_dir`` larger than the bytes their name reserves (a download
+    written past its shard's size). Call it holding the cache lock, or accept a file removed meanwhile."""
+    out = []
+    for directory, _, files in os.walk(cache_dir):
+        for name in files:
+            if not name.endswith(".part"):
+                continue
+            reserved = name[: -len(".part")].rsplit(".", 2)
+            try:
+                if len(reserved) == 3 and os.path.getsize(os.path.join(directory, name)) > int(reserved[1]):
+                    out.append(name)
+            except (FileNotFoundError, ValueError):
+                pass
+    return out
+
+
+class CacheChecker:
+    """Samples a cache directory every ``interval`` seconds until :meth:`stop`: the bytes it holds, counted
+    under the cache lock (``cache_bytes``), against ``limit``, and every ``.part`` against its reservation."""
+
+    def __init__(self, cache_dir: str, limit: int, interval: float = 0.003) -> None:
+        self.cache_dir, self.limit, self.interval = cache_dir, limit, interval
+        self.samples = 0
+        self.over: list[int] = []  # bytes held, in the samples over the limit
+        self.overgrown: list[str] = []  # .part files seen past their reserved size
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-cache-checker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            used = cache_bytes(self.cache_dir)
+            self.overgrown += overgrown_parts(self.cache_dir)
+            self.samples += 1
+            if used > self.limit:
+                self.over.append(used)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the checker is stuck on the cache lock"
+
+    def __enter__(self) -> CacheChecker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def assert_held(self) -> None:
+        """The cache never held more than its limit, and no download outgrew its reservation."""
+        assert self.samples > 0
+        assert not self.over, f"the cache held {max(self.over):,} bytes > limit {self.limit:,}"
+        assert not self.overgrown, f"downloads written past their shard's size: {sorted(set(self.overgrown))}"
+
+
 def part_files(cache_dir: str) -> list[str]:
     """Every unfinished download (``.part`` file) under ``cache_dir``."""
     return sorted(os.path.join(d, f) for d, _, files in os.walk(cache_dir) for f in files if f.endswith(".part"))

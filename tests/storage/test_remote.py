@@ -95,7 +95,7 @@ def test_cli_convert_to_s3_then_read_back(moto_s3, s3_bucket, tmp_path):
 def test_http_epochs_equal_local_epochs(http_server, served, reference, tmp_path, http_client):
     _, want = reference
     ds = chute.open(served, cache_dir=tmp_path / "cache")
-    assert (ds.cache.remote.http_connections is not None) == (http_client == "stdlib")
+    assert (ds.cache.remote.http_client is not None) == (http_client == "stdlib")
     assert ds.root == served and len(ds) == 4000
     ld = loader(ds)
     for epoch in range(2):
@@ -321,7 +321,7 @@ def test_a_corrupted_s3_response_is_downloaded_again(moto_s3, s3_bucket, s3_prox
     write_dataset(url)
     ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=s3_storage_options(s3_proxy.endpoint_url))
     fast_retries(ds)
-    assert (ds.cache.remote.presigned_connections is not None) == (client == "presigned")
+    assert ds.cache.remote.s3_mode == client
     s3_proxy.corrupt(r"shard-\d+", times=2)
     assert_same_epoch(epoch_columns(loader(ds)), want[0])
     stats = ds.cache.stats()

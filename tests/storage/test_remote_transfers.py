@@ -54,12 +54,12 @@ def on_s3(moto_s3, s3_bucket, s3_proxy, tmp_path) -> tuple[str, dict]:
 def _download_threads(monkeypatch) -> list[str]:
     """The names of the threads that make streamed GETs from now on (fsspec's path and chute's HTTP client)."""
     names: list[str] = []
-    for module in (stream, http_get):
-        def spy(*args, real=module.get, **kwargs):
+    for owner in (stream, http_get.Client):
+        def spy(*args, real=owner.get, **kwargs):
             names.append(threading.current_thread().name)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(module, "get", spy)
+        monkeypatch.setattr(owner, "get", spy)
     return names
 
 
@@ -144,9 +144,9 @@ def test_s3_gets_run_on_chute_threads_with_any_client(on_s3, s3_proxy, tmp_path,
     url, options = on_s3
     ds = chute.open(url, cache_dir=tmp_path / "cache", storage_options=options)
     assert (ds.cache.remote.s3_client is not None) == (client != "fsspec")
-    assert (ds.cache.remote.presigned_connections is not None) == (client == "presigned")
+    assert ds.cache.remote.s3_mode == {"presigned": "presigned", "botocore": "botocore", "fsspec": None}[client]
     names: list[str] = []
-    module = {"presigned": http_get, "botocore": s3, "fsspec": stream}[client]
+    module = {"presigned": http_get.Client, "botocore": s3, "fsspec": stream}[client]
 
     def spy(*args, real=module.get, **kwargs):
         names.append(threading.current_thread().name)
@@ -158,21 +158,21 @@ def test_s3_gets_run_on_chute_threads_with_any_client(on_s3, s3_proxy, tmp_path,
     assert len(names) == len(ds.shards) and all(n.startswith("chute-") for n in names), names
 
 
-def test_presigned_s3_gets_only_where_the_url_is_all_a_get_needs(monkeypatch):
+def test_s3_gets_are_presigned_signed_by_botocore_or_botocore_s_own_as_the_options_need(monkeypatch):
     from chute.storage.net import s3
 
     monkeypatch.setenv("CHUTE_S3_CLIENT", "")
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    assert s3.presigns({"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"})
-    assert not s3.presigns({"requester_pays": True})
-    assert not s3.presigns({"s3_additional_kwargs": {"SSECustomerAlgorithm": "AES256"}})
-    assert not s3.presigns({"config_kwargs": {"proxies": {"https": "http://proxy:3128"}}})
+    assert s3.mode({"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}) == "presigned"
+    assert s3.mode({"requester_pays": True}) == "signed"  # a header the URL cannot carry: signed by botocore, sent by chute
+    assert s3.mode({"s3_additional_kwargs": {"SSECustomerAlgorithm": "AES256"}}) == "signed"
+    assert s3.mode({"config_kwargs": {"proxies": {"https": "http://proxy:3128"}}}) == "presigned"  # chute's layer takes them
+    assert s3.proxies_of({"config_kwargs": {"proxies": {"https": "http://proxy:3128"}}}) == {"https": "http://proxy:3128"}
+    assert s3.mode({"config_kwargs": {"proxies_config": {"proxy_ca_bundle": "/ca.pem"}}}) == "botocore"
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
-    assert not s3.presigns({})
+    assert s3.mode({}) == "presigned"  # the environment's proxies: chute's layer honours them as botocore does
     monkeypatch.delenv("HTTPS_PROXY")
     monkeypatch.setenv("CHUTE_S3_CLIENT", "botocore")
-    assert not s3.presigns({})
+    assert s3.mode({}) == "botocore"
     monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ca.pem")
     assert s3.verify_of({}) == "/etc/ca.pem" and s3.verify_of({"client_kwargs": {"verify": False}}) is False
 

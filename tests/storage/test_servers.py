@@ -101,7 +101,7 @@ def test_whole_get_and_ranges_through_fsspec(http_server, served):
     assert fs.cat_file(served) == DATA
     for start, end in [(0, 1), (10, 1000), (300_000, 700_001), (len(DATA) - 5, len(DATA))]:
         assert fs.cat_file(served, start, end) == DATA[start:end]
-    assert http_server.requests[-1] == LoggedRequest("GET", "/d/shard.bin", f"bytes={len(DATA) - 5}-{len(DATA) - 1}", 206)
+    assert http_server.requests[-1][:4] == LoggedRequest("GET", "/d/shard.bin", f"bytes={len(DATA) - 5}-{len(DATA) - 1}", 206)[:4]
     assert http_server.count("shard.bin", status=206) == 4
     assert http_server.count("shard.bin", method="HEAD") == 1
     assert http_server.bytes_sent == len(DATA) + 1 + 990 + 400_001 + 5

@@ -32,10 +32,10 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from chute.errors import RemoteError
+from chute.errors import ChuteError, RemoteError
 from chute.observe import inflight
 from chute.storage.net import http as http_get, s3, stream
-from chute.storage.net.stream import Floor, RangeIgnored, SlowTransfer
+from chute.storage.net.stream import BadRange, Floor, RangeIgnored, SlowTransfer, TooLong
 
 log = logging.getLogger("chute")
 
@@ -64,6 +64,10 @@ class Cancelled(RemoteError):
 
 class ShortRead(OSError):
     """The server sent fewer bytes than asked for (a cut connection): worth retrying."""
+
+
+class TooLarge(RemoteError):
+    """An object read whole (:meth:`Remote.read`) is larger than the bytes allowed for it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +152,7 @@ def _permanent_types() -> tuple[type[BaseException], ...]:
 def _transient_types() -> tuple[type[BaseException], ...]:
     """Errors of the network, and of the backends' own integrity checks, that a retry may cure."""
     types: list[type[BaseException]] = [ConnectionError, TimeoutError, asyncio.TimeoutError, EOFError, ShortRead, SlowTransfer,
-                                        http.client.IncompleteRead]
+                                        TooLong, BadRange, http.client.IncompleteRead]
     if (aiohttp := _loaded("aiohttp")) is not None:
         # ClientConnectionError: refused, reset and dropped connections, timeouts; ClientPayloadError: a cut body
         types += [aiohttp.ClientConnectionError, aiohttp.ClientPayloadError]
@@ -227,12 +231,8 @@ class Remote:
         self.parallel = max(1, int(parallel))  # concurrent downloads (and ranges of one download)
         self._fs = None
         self._fs_pid = 0
-        self._s3: Any = None  # botocore's client for GETs (chute/storage/net/s3.py), False where it does not apply
-        self._s3_pid = 0
-        self._http: Any = None  # keep-alive connections for GETs (chute/storage/net/http.py), False where it does not apply
-        self._http_pid = 0
-        self._presigned: Any = None  # the same for S3 GETs of presigned URLs (chute/storage/net/s3.py), False where not
-        self._presigned_pid = 0
+        # made once per process, on first use (chute/storage/net/s3.py, chute/storage/net/http.py); False: does not apply
+        self._made: dict[str, tuple[int, Any]] = {}
         self._path = ""
         self._lock = threading.Lock()
         self._rng = random.Random()
@@ -313,9 +313,6 @@ class Remote:
             wakers = [wake for _, wake in self._wakers]
         for wake in wakers:
             wake()
-        for connections in (self._http, self._presigned):
-            if connections:
-                connections.close()
 
     def cancel(self, event: threading.Event) -> None:
         """Set ``event`` (see :meth:`cancelled_by`) and wake the streamed requests it stops, at once."""
@@ -391,6 +388,8 @@ class Remote:
                 raise  # an answer, not a failure: download() uses it
             except stream.Interrupted:
                 raise Cancelled(f"{what} {url}: cancelled (the loader or dataset was closed)") from None
+            except ChuteError:
+                raise  # already says what happened and what to do (an object over its size limit)
             except Exception as exc:
                 reason = None if self.reached else unreachable(exc)
                 if reason is not None:
@@ -432,80 +431,98 @@ class Remote:
                        "through fsspec's aiohttp client)")
         return advice
 
+    def _once(self, what: str, make: Callable[[], Any]) -> Any:
+        """``make()``'s result, made once per process (clients and their connections are not fork-safe)."""
+        made = self._made.get(what)
+        if made is None or made[0] != os.getpid():
+            with self._lock:
+                made = self._made.get(what)
+                if made is None or made[0] != os.getpid():
+                    made = self._made[what] = (os.getpid(), make())
+        return made[1]
+
     @property
     def s3_client(self) -> Any:
-        """botocore's S3 client for this dataset's GETs (chute/storage/net/s3.py), or None: the fsspec path.
-        Made once per process (a client's connections are not fork-safe)."""
+        """botocore's S3 client for this dataset's GETs (chute/storage/net/s3.py), or None: the fsspec path."""
         if self.protocol not in ("s3", "s3a"):
             return None
-        if self._s3 is None or self._s3_pid != os.getpid():
-            with self._lock:
-                if self._s3 is None or self._s3_pid != os.getpid():
-                    self._s3 = s3.client_for(self.storage_options, self.parallel, self.retry.floor) or False
-                    self._s3_pid = os.getpid()
-        return self._s3 or None
+        return self._once("s3", lambda: s3.client_for(self.storage_options, self.parallel, self.retry.floor) or False) or None
 
     @property
-    def http_connections(self) -> http_get.Connections | None:
-        """Keep-alive connections for this dataset's HTTP GETs (chute/storage/net/http.py), or None: the
-        fsspec path. Made once per process (connections are not fork-safe)."""
-        if self.protocol not in ("http", "https"):
-            return None
-        if self._http is None or self._http_pid != os.getpid():
-            with self._lock:
-                if self._http is None or self._http_pid != os.getpid():
-                    applies = http_get.applies(self.storage_options)
-                    self._http = http_get.Connections(self.storage_options.get("headers")) if applies else False
-                    self._http_pid = os.getpid()
-        return self._http or None
-
-    @property
-    def presigned_connections(self) -> http_get.Connections | None:
-        """Connections for S3 GETs of presigned URLs (chute/storage/net/s3.py, :func:`~chute.storage.net.s3.presigns`),
-        or None: botocore's GETs. Made once per process."""
+    def s3_mode(self) -> str | None:
+        """How S3 GETs are made (:func:`chute.storage.net.s3.mode`), or None: the fsspec path."""
         if self.s3_client is None:
             return None
-        if self._presigned is None or self._presigned_pid != os.getpid():
-            with self._lock:
-                if self._presigned is None or self._presigned_pid != os.getpid():
-                    applies = s3.presigns(self.storage_options)
-                    self._presigned = http_get.Connections(verify=s3.verify_of(self.storage_options)) if applies else False
-                    self._presigned_pid = os.getpid()
-        return self._presigned or None
+        return self._once("s3-mode", lambda: s3.mode(self.storage_options))
+
+    @property
+    def http_client(self) -> http_get.Client | None:
+        """The client of this dataset's GETs through chute's connection layer (chute/storage/net/http.py:
+        HTTP datasets, and S3 GETs that are presigned or signed by botocore), or None: the fsspec path
+        (HTTP storage options only aiohttp takes) or botocore's own GETs."""
+        if self.protocol in ("http", "https"):
+            return self._once("http", lambda: http_get.Client(dict(self.storage_options.get("headers") or {}))
+                              if http_get.applies(self.storage_options) else False) or None
+        if self.s3_mode in ("presigned", "signed"):
+            options = self.storage_options
+            return self._once("s3-http", lambda: http_get.Client(verify=s3.verify_of(options), proxies=s3.proxies_of(options)))
+        return None
 
     def _get(self, path: str, url: str, start: int | None, length: int | None,
-             sink: Callable[[int, list[bytes]], None]) -> int:
-        """One streamed GET (chute/storage/net/s3.py for S3, chute/storage/net/http.py for HTTP, else
-        chute/storage/net/stream.py) into ``sink``; the bytes received."""
+             sink: Callable[[int, list[bytes]], None], limit: int) -> int:
+        """One streamed GET of at most ``limit`` bytes (chute/storage/net/http.py for HTTP and S3, botocore's
+        for ``CHUTE_S3_CLIENT=botocore``, else chute/storage/net/stream.py) into ``sink``; the bytes received."""
         with self._lock:
             self.requests += 1
-        connections = self.http_connections
-        if connections is not None:
-            return http_get.get(connections, path, start, length, sink, floor=self.retry.floor,
-                                cancelled=self.cancelled, on_cancel=self._on_cancel)
-        client = self.s3_client
-        if client is not None:
+        floor = self.retry.floor
+        client = self.http_client
+        if client is not None and self.protocol in ("http", "https"):
+            return client.get(path, start, length, sink, limit=limit, floor=floor, cancelled=self.cancelled,
+                              on_cancel=self._on_cancel)
+        mode = self.s3_mode
+        if mode is not None:
             bucket, key, version = self.fs.split_path(path)
-            presigned = self.presigned_connections
-            if presigned is not None:
-                return http_get.get(presigned, s3.presigned_url(client, bucket, key, version), start, length, sink,
-                                    floor=self.retry.floor, cancelled=self.cancelled, on_cancel=self._on_cancel, label=url)
-            return s3.get(client, bucket, key, version, s3.get_kwargs(self.storage_options), start, length, sink,
-                          floor=self.retry.floor, url=url, cancelled=self.cancelled, on_cancel=self._on_cancel)
-        return stream.get(self.fs, path, start, length, sink, floor=self.retry.floor, url=url,
+            kw = s3.params(bucket, key, version, s3.get_kwargs(self.storage_options))
+            if mode == "presigned":
+                target = s3.presigned_url(self.s3_client, bucket, key, version)
+                return client.get(target, start, length, sink, limit=limit, floor=floor,  # type: ignore[union-attr]
+                                  cancelled=self.cancelled, on_cancel=self._on_cancel, label=url)
+            if mode == "signed":
+                if start is not None:  # signed with the request: the same header the client sends
+                    kw["Range"] = f"bytes={start}-{start + max(length or 0, 1) - 1}"
+                signer = self._once("s3-signer", lambda: s3.signer_for(self.storage_options, self.parallel, floor))
+                target, headers = s3.signed_request(signer, kw)
+                return client.get(target, start, length, sink, limit=limit, floor=floor,  # type: ignore[union-attr]
+                                  cancelled=self.cancelled, on_cancel=self._on_cancel, label=url, headers=headers)
+            return s3.get(self.s3_client, kw, start, length, sink, limit=limit, floor=floor, url=url,
                           cancelled=self.cancelled, on_cancel=self._on_cancel)
+        return stream.get(self.fs, path, start, length, sink, floor=floor, url=url,
+                          cancelled=self.cancelled, on_cancel=self._on_cancel, limit=limit)
 
-    def read(self, name: str) -> bytes:
-        """The whole object ``name`` (the manifest), with retries; one GET (no HEAD first)."""
+    def read(self, name: str, limit: int | None = None) -> bytes:
+        """The whole object ``name`` (the manifest), with retries; one GET (no HEAD first). With
+        ``limit``, an object larger than ``limit`` bytes is :class:`TooLarge` once ``limit + 1`` bytes have
+        arrived (nothing more is read or kept), and not retried."""
         path, url = self.path(name), join(self.url, name)
+        bound = (1 << 62) if limit is None else int(limit)
 
         def get() -> bytes:
+            parts: list[bytes] = []
             with inflight.track("GET", url):
-                if not stream.streams(self.fs):
-                    return self.fs.cat_file(path)
-                parts: list[bytes] = []
-                self._get(path, url, None, None, lambda _, chunks: parts.extend(chunks))
-                return b"".join(parts)
+                try:
+                    if not stream.streams(self.fs):
+                        got = 0
+                        with self.fs.open(path, "rb") as f:  # read in blocks: never more than the limit in memory
+                            while chunk := f.read(min(self.part_size, bound + 1 - got)):
+                                parts.append(chunk)
+                                got += len(chunk)
+                                if got > bound:
+                                    raise TooLong(bound)
+                    else:
+                        self._get(path, url, None, None, lambda _, chunks: parts.extend(chunks), bound)
+                except TooLong:
+                    raise TooLarge(f"GET {url}: the object is larger than {bound:,} bytes; not read further") from None
+            return b"".join(parts)
 
         return self.call("GET", url, get)
 
@@ -566,7 +583,7 @@ class Remote:
         def get() -> None:
             with inflight.track("GET", url, start, length):
                 if stream.streams(self.fs):
-                    got = self._get(path, url, start, length, lambda offset, chunks: _pwritev(fd, chunks, offset))
+                    got = self._get(path, url, start, length, lambda offset, chunks: _pwritev(fd, chunks, offset), length)
                 else:
                     data = self.fs.cat_file(path, start=start, end=start + length)  # keywords: s3fs takes version_id second
                     if len(data) > length:
@@ -587,9 +604,11 @@ class Remote:
         def get() -> None:
             with inflight.track("GET", url, None, size):
                 if stream.streams(self.fs):
-                    got = self._get(path, url, None, None, write)
+                    got = self._get(path, url, None, None, write, size)
                 else:
                     data = self.fs.cat_file(path)
+                    if len(data) > size:
+                        raise TooLong(size)
                     write(0, [data])
                     got = len(data)
             if got != size:
@@ -597,10 +616,13 @@ class Remote:
 
         self.call("GET", url, get)
 
-    def download_stream(self, name: str, write: Callable[[bytes], None], restart: Callable[[], None]) -> None:
-        """Stream object ``name`` to ``write`` in chunks (for decompression); on a transient
-        failure ``restart()`` is called and the stream starts over."""
+    def download_stream(self, name: str, write: Callable[[bytes], None], restart: Callable[[], None],
+                        size: int | None = None) -> None:
+        """Stream object ``name`` to ``write`` in chunks (for decompression); on a transient failure
+        ``restart()`` is called and the stream starts over. With ``size`` (the manifest's), no more than
+        ``size`` bytes are read and fewer are a transfer error (retried)."""
         path, url = self.path(name), join(self.url, name)
+        bound = (1 << 62) if size is None else size
 
         def write_all(_: int, chunks: list[bytes]) -> None:
             for chunk in chunks:
@@ -608,13 +630,19 @@ class Remote:
 
         def get() -> None:
             restart()
-            with inflight.track("GET", url):
+            with inflight.track("GET", url, None, size):
                 if stream.streams(self.fs):
-                    self._get(path, url, None, None, write_all)
-                    return
-                with self.fs.open(path, "rb", block_size=self.part_size) as f:
-                    while chunk := f.read(self.part_size):
-                        write(chunk)
+                    got = self._get(path, url, None, None, write_all, bound)
+                else:
+                    got = 0
+                    with self.fs.open(path, "rb", block_size=self.part_size) as f:
+                        while chunk := f.read(min(self.part_size, bound + 1 - got)):
+                            got += len(chunk)
+                            if got > bound:
+                                raise TooLong(bound)
+                            write(chunk)
+            if size is not None and got != size:
+                raise ShortRead(f"got {got} of {size} bytes")
 
         self.call("GET", url, get)
 

@@ -1,42 +1,42 @@
-"""S3 GETs in the thread that asks, on botocore's synchronous client or as presigned URLs: no event loop in between.
+"""S3 GETs in the thread that asks, through chute's connection layer, or botocore's own where asked: no event loop.
 
-By default a GET is a URL presigned by botocore (its credentials, endpoint,
-region and signature) fetched by chute's own HTTP client (chute/storage/net/http.py,
-:func:`presigns`): on this project's 2-core machine against moto, 0.2-0.35
-client CPU seconds per GB where reading botocore's response took 0.8-0.95 (its
-urllib3 reads and the CRC check). The object's integrity is then the
-manifest's checksum, checked on every download, as over HTTP. Where more than
-the URL is needed (``s3_additional_kwargs``, requester pays, a proxy) or
-``CHUTE_S3_CLIENT=botocore``, the GET is botocore's:
+botocore makes the request and chute's HTTP client (chute/storage/net/http.py,
+urllib3 through the process's pools, proxies from the environment) sends it and
+reads the body in the download thread, bounded by the manifest's size:
 
-    botocore client ──(urllib3 socket reads, read1)──► the calling thread: writes them, watches the rate
+* by default a GET is a URL presigned by botocore (its credentials, endpoint,
+  region and signature; :func:`presigned_url`): against moto on this project's
+  2-core machine, 0.2-0.35 client CPU seconds per GB where reading botocore's
+  own response took 0.8-0.95 (its urllib3 reads and the CRC check);
+* a GET that needs more than the URL (``s3_additional_kwargs`` such as SSE-C
+  keys, ``requester_pays``) is built and signed by botocore, headers and all,
+  and taken just before botocore would send it (its public ``before-send``
+  event: :func:`signed_request`), then sent the same way.
+
+The object's integrity is then the manifest's checksum, checked on every
+download, as over HTTP. With ``CHUTE_S3_CLIENT=botocore`` (or a
+``config_kwargs["proxies_config"]`` only botocore knows), botocore's own
+``get_object`` reads the body through its public ``StreamingBody.read``, which
+also checks the CRC stored with the object; that path checks the floor speed
+after each read of up to ``BOTOCORE_READ`` bytes (its read timeout is the floor's
+window) and a cancel ends it after the read in progress.
 
 The fsspec path (chute/storage/net/stream.py) runs every request of a process on
 s3fs's one event-loop thread, where aiohttp hands the body over in small
-pieces, each a few Python calls holding the GIL. Against moto on this project's
-2-core machine that path moved 40-57 MiB/s for 3-5 CPU seconds per GiB, where
-the same 8 threads each reading their own response with botocore moved
-124-239 MiB/s for 1.3 s per GiB. So chute's own S3 downloads take this path
-whenever the dataset's ``storage_options`` are ones it understands
-(:func:`client_for`); others (a custom ``session``, ``asynchronous``) keep the
-fsspec path, and so does ``CHUTE_S3_CLIENT=fsspec``.
-
-What the fsspec path guarantees holds on both: the floor speed (a read returns
-whatever has arrived, so the rate is checked as bytes come; a connection that
-sends nothing times out after the floor's window), cancellation at once (the
-socket is shut down under the blocked read), and the same errors (a missing
-object is ``FileNotFoundError``, a forbidden one ``PermissionError``). botocore's
-GETs also check the CRC stored with the object (fed as bytes arrive).
+pieces, each a few Python calls holding the GIL: against moto it moved 40-57
+MiB/s for 3-5 CPU seconds per GiB. So chute's own S3 downloads take these paths
+whenever the dataset's ``storage_options`` are ones botocore's client can be
+made from (:func:`client_for`); others (a custom ``session``, ``asynchronous``)
+keep the fsspec path, and so does ``CHUTE_S3_CLIENT=fsspec``.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
-from chute.storage.net.stream import READ_SIZE, Floor, Interrupted, RangeIgnored, Receiver, SlowTransfer
+from chute.storage.net.stream import Floor, Interrupted, RangeIgnored, Receiver, SlowTransfer, check_length, check_range
 
 #: s3fs arguments this module maps onto botocore (the others it may ignore: they do not change a GET).
 _CLIENT_OPTIONS = {"key", "secret", "token", "anon", "endpoint_url", "use_ssl", "client_kwargs", "config_kwargs",
@@ -44,6 +44,8 @@ _CLIENT_OPTIONS = {"key", "secret", "token", "anon", "endpoint_url", "use_ssl", 
 _GET_NEUTRAL = {"default_block_size", "default_fill_cache", "default_cache_type", "cache_regions", "max_concurrency",
                 "fixed_upload_size", "local_expiry_check", "skip_instance_cache", "use_listings_cache",
                 "listings_expiry_time", "max_paths"}
+#: Bytes asked of botocore's ``StreamingBody.read`` at once (it returns only when they have all arrived).
+BOTOCORE_READ = 256 << 10
 
 
 def client_for(storage_options: dict[str, Any], parallel: int, floor: Floor) -> Any | None:
@@ -77,19 +79,22 @@ def client_for(storage_options: dict[str, Any], parallel: int, floor: Floor) -> 
     return session.create_client("s3", config=botocore.config.Config(**config), **kwargs)
 
 
-#: Environment variables that send requests through a proxy: botocore honours them, Python's client does not.
-_PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+def mode(storage_options: dict[str, Any]) -> str:
+    """How GETs are made: ``"presigned"`` (the URL is all a GET needs), ``"signed"`` (botocore builds
+    and signs each GET, chute sends it) or ``"botocore"`` (botocore's own GETs: ``CHUTE_S3_CLIENT=botocore``,
+    or a ``proxies_config`` only botocore's connections know)."""
+    if os.environ.get("CHUTE_S3_CLIENT", "").lower() == "botocore":
+        return "botocore"
+    if "proxies_config" in (storage_options.get("config_kwargs") or {}):
+        return "botocore"
+    return "signed" if get_kwargs(storage_options) else "presigned"
 
 
-def presigns(storage_options: dict[str, Any]) -> bool:
-    """Whether GETs go as presigned URLs through chute's own HTTP client (chute/storage/net/http.py) rather than
-    botocore's: where nothing but the URL is needed (no extra GET arguments, no proxy) and
-    ``CHUTE_S3_CLIENT`` does not ask for botocore or fsspec."""
-    if os.environ.get("CHUTE_S3_CLIENT", "").lower() in ("botocore", "fsspec"):
-        return False
-    if get_kwargs(storage_options) or any(os.environ.get(name) for name in _PROXY_ENV):
-        return False
-    return "proxies" not in (storage_options.get("config_kwargs") or {})
+def proxies_of(storage_options: dict[str, Any]) -> dict[str, str] | None:
+    """The proxies botocore would use for the dataset's endpoint: ``config_kwargs["proxies"]`` (a scheme to a
+    proxy URL, as botocore takes them), else None (the environment's, as botocore reads it too)."""
+    proxies = (storage_options.get("config_kwargs") or {}).get("proxies")
+    return dict(proxies) if proxies else None
 
 
 def verify_of(storage_options: dict[str, Any]) -> bool | str:
@@ -109,6 +114,40 @@ def presigned_url(client: Any, bucket: str, key: str, version: str | None) -> st
     return client.generate_presigned_url("get_object", Params=params, ExpiresIn=3600)
 
 
+class _Signed(Exception):
+    """Carries the request botocore was about to send (raised from its ``before-send`` event)."""
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        super().__init__(url)
+        self.url, self.headers = url, headers
+
+
+def _take(request: Any, **_: Any) -> None:
+    """botocore's ``before-send`` handler: take the signed request instead of letting botocore send it."""
+    headers = {k: v.decode("latin-1") if isinstance(v, bytes) else str(v) for k, v in request.headers.items()}
+    raise _Signed(request.url, headers)
+
+
+def signer_for(storage_options: dict[str, Any], parallel: int, floor: Floor) -> Any | None:
+    """A botocore client like :func:`client_for`'s that builds and signs GetObject requests and hands them to
+    :func:`signed_request` instead of sending them (its own client: the handler would stop its sends too)."""
+    client = client_for(storage_options, parallel, floor)
+    if client is not None:
+        client.meta.events.register("before-send.s3.GetObject", _take)
+    return client
+
+
+def signed_request(signer: Any, params: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """``(url, headers)`` of the GetObject request ``signer`` (see :func:`signer_for`) builds and signs for
+    ``params``: every header botocore's handlers add (SSE-C keys and their MD5, the request payer, the
+    signature), without sending it."""
+    try:
+        signer.get_object(**params)
+    except _Signed as signed:
+        return signed.url, signed.headers
+    raise AssertionError("botocore sent a GetObject request chute meant to send itself")
+
+
 def get_kwargs(storage_options: dict[str, Any]) -> dict[str, Any]:
     """What every GET carries besides bucket, key and range (as s3fs's ``req_kw``)."""
     extra = dict(storage_options.get("s3_additional_kwargs") or {})
@@ -117,19 +156,27 @@ def get_kwargs(storage_options: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
-def get(client: Any, bucket: str, key: str, version: str | None, extra: dict[str, Any], start: int | None,
-        length: int | None, sink: Callable[[int, list[bytes]], None], *, floor: Floor, url: str,
-        cancelled: Callable[[], bool], on_cancel: Callable[[Callable[[], None]], Callable[[], None]]) -> int:
-    """GET ``length`` bytes of ``bucket/key`` from ``start`` (None: the whole object) into
-    ``sink(offset, chunks)``, in this thread; the bytes received. Raises as :func:`chute.storage.net.stream.get`."""
-    from botocore.exceptions import ClientError
-    from urllib3.exceptions import ReadTimeoutError
-
+def params(bucket: str, key: str, version: str | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """GetObject's parameters for ``bucket/key`` (at ``version``) with the dataset's ``extra`` ones."""
     kw = dict(extra, Bucket=bucket, Key=key)
     if version:
         kw["VersionId"] = version
+    return kw
+
+
+def get(client: Any, kw: dict[str, Any], start: int | None, length: int | None,
+        sink: Callable[[int, list[bytes]], None], *, limit: int, floor: Floor, url: str,
+        cancelled: Callable[[], bool], on_cancel: Callable[[Callable[[], None]], Callable[[], None]]) -> int:
+    """botocore's own GET of ``length`` bytes from ``start`` (None: the whole object; ``kw``: GetObject's
+    parameters) into ``sink(offset, chunks)``, in this thread; the bytes received, at most ``limit``.
+    Raises as :func:`chute.storage.net.stream.get`, with botocore's CRC check at the end."""
+    from botocore.exceptions import ClientError, ReadTimeoutError
+
+    kw = dict(kw)
     if start is not None:
-        kw["Range"] = f"bytes={start}-{start + max(length or 0, 1) - 1}"
+        length = max(length or 0, 1)
+        limit = min(limit, length)
+        kw["Range"] = f"bytes={start}-{start + length - 1}"
     if cancelled():
         raise Interrupted(url)
     try:
@@ -139,51 +186,28 @@ def get(client: Any, bucket: str, key: str, version: str | None, extra: dict[str
         if mapped is None:
             raise
         raise mapped from exc
-    if start is not None and response["ResponseMetadata"]["HTTPStatusCode"] != 206:
-        response["Body"].close()
-        raise RangeIgnored(url)
     body = response["Body"]
-    raw = body._raw_stream  # urllib3's response: read1 returns what has arrived
-    # botocore's check of the object's stored CRC (StreamingChecksumBody), fed as the bytes come
-    checksum = getattr(body, "checksum", None) if hasattr(body, "_validate_checksum") else None
-    remove = on_cancel(lambda: _shut(raw))
-    receiver = Receiver(sink, start or 0, floor)
     try:
+        if start is not None:
+            if response["ResponseMetadata"]["HTTPStatusCode"] != 206:
+                raise RangeIgnored(url)
+            check_range(response.get("ContentRange"), start, length, url)  # type: ignore[arg-type]
+        check_length(str(response.get("ContentLength", "")), limit)
+        receiver = Receiver(sink, start or 0, floor, limit)
         while True:
             if cancelled():
                 raise Interrupted(url)
             try:
-                chunk = raw.read1(READ_SIZE)
-            except Exception as exc:
-                if cancelled():  # the socket was shut under the read
-                    raise Interrupted(url) from None
-                if floor.active and isinstance(exc, ReadTimeoutError):  # the read timeout is the floor's window
+                chunk = body.read(BOTOCORE_READ)  # at the end, botocore checks the object's stored CRC
+            except ReadTimeoutError:
+                if floor.active:  # the read timeout is the floor's window
                     raise SlowTransfer(f"no bytes for {floor.window:g} s, below the floor speed of {floor.rate:,} bytes/s") from None
                 raise
-            if not chunk and cancelled():
-                raise Interrupted(url)
-            if checksum is not None:
-                if chunk:
-                    checksum.update(chunk)
-                else:
-                    body._validate_checksum()  # FlexibleChecksumError: a damaged transfer, retried
             receiver.add(chunk)
             if not chunk:
                 return receiver.received
     finally:
-        remove()
-        if not raw.closed:
-            raw.close()  # unread bytes left: the connection is dropped, not returned to the pool
-
-
-def _shut(raw: Any) -> None:
-    """Wake a read blocked on ``raw``'s socket from another thread (closing alone does not)."""
-    sock = getattr(getattr(raw, "connection", None), "sock", None)
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        body.close()  # unread bytes left: the connection is dropped, not returned to the pool
 
 
 def _as_os_error(exc: Any, url: str) -> OSError | None:

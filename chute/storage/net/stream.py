@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import queue
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -38,6 +39,20 @@ _WAKE = object()
 
 class SlowTransfer(OSError):
     """A request moved less than the floor speed over the floor's window: worth retrying."""
+
+
+class TooLong(OSError):
+    """The server sent more than the bytes asked for (the manifest's size of an object, or a range's
+    length): the transfer is cut at the first byte too many, nothing past the limit is written, and it
+    is retried like a cut one."""
+
+    def __init__(self, limit: int, message: str = "") -> None:
+        super().__init__(message or f"the server sent more than the {limit:,} bytes asked for")
+        self.limit = limit
+
+
+class BadRange(OSError):
+    """A 206 answer whose ``Content-Range`` is not the range asked for: retried like a damaged transfer."""
 
 
 class RangeIgnored(Exception):
@@ -65,11 +80,12 @@ class Floor:
 
 class Receiver:
     """One response's bytes on their way to ``sink(offset, chunks)``: handed over in batches (``BATCH_BYTES``
-    or ``BATCH_CHUNKS`` at a time) and timed against the floor speed as they come. For the clients that read
-    in the downloading thread (chute/storage/net/http.py, chute/storage/net/s3.py)."""
+    or ``BATCH_CHUNKS`` at a time), never more than ``limit`` of them, and timed against the floor speed as
+    they come. For the clients that read in the downloading thread (chute/storage/net/http.py,
+    chute/storage/net/s3.py)."""
 
-    def __init__(self, sink: Callable[[int, list[bytes]], None], offset: int, floor: Floor) -> None:
-        self.sink, self.offset, self.floor = sink, offset, floor
+    def __init__(self, sink: Callable[[int, list[bytes]], None], offset: int, floor: Floor, limit: int) -> None:
+        self.sink, self.offset, self.floor, self.limit = sink, offset, floor, limit
         self.received = 0  # bytes handed to the sink
         self._pending: list[bytes] = []
         self._size = 0
@@ -77,8 +93,11 @@ class Receiver:
 
     def add(self, chunk: bytes) -> None:
         """Take ``chunk``; an empty one is the end: what is pending goes to the sink. Raises
+        :class:`TooLong` at the first byte past ``limit`` (before the sink sees any of ``chunk``), and
         :class:`SlowTransfer` when less than the floor's rate arrived over its last window."""
         if chunk:
+            if self.received + self._size + len(chunk) > self.limit:
+                raise TooLong(self.limit)
             self._pending.append(chunk)
             self._size += len(chunk)
         if self._pending and (not chunk or self._size >= BATCH_BYTES or len(self._pending) >= BATCH_CHUNKS):
@@ -95,6 +114,24 @@ class Receiver:
                     f"{floor.rate:,} bytes/s over {floor.window:g} s"
                 )
             self._mark, self._mark_bytes = now, self.received + self._size
+
+
+_CONTENT_RANGE = re.compile(r"\s*bytes\s+(\d+)\s*-\s*(\d+)\s*/\s*(\d+|\*)\s*", re.IGNORECASE)
+
+
+def check_range(header: str | None, start: int, length: int, url: str) -> None:
+    """Raise :class:`BadRange` unless a 206's ``Content-Range`` header is exactly bytes ``start`` to
+    ``start + length - 1`` (the range asked for)."""
+    match = _CONTENT_RANGE.fullmatch(header or "")
+    if match is None or (int(match[1]), int(match[2])) != (start, start + length - 1):
+        raise BadRange(f"{url}: asked for bytes {start}-{start + length - 1}, the server answered 206 with "
+                       f"Content-Range {header!r}")
+
+
+def check_length(header: str | None, limit: int) -> None:
+    """Raise :class:`TooLong` before any byte is read when ``Content-Length`` announces more than ``limit``."""
+    if header is not None and header.strip().isdigit() and int(header) > limit:
+        raise TooLong(limit)
 
 
 def streams(fs: Any) -> bool:
@@ -125,6 +162,8 @@ async def _http_chunks(fs: Any, path: str, start: int | None, length: int | None
         fs._raise_not_found_for_status(response, path)
         if start is not None and response.status != 206:
             raise RangeIgnored(path)
+        if start is not None:
+            check_range(response.headers.get("Content-Range"), start, max(length or 0, 1), path)
         while chunk := await response.content.read(READ_SIZE):
             yield chunk
 
@@ -146,13 +185,14 @@ async def _s3_chunks(fs: Any, path: str, start: int | None, length: int | None) 
 
 def get(fs: Any, path: str, start: int | None, length: int | None, sink: Callable[[int, list[bytes]], None], *,
         floor: Floor, url: str, cancelled: Callable[[], bool],
-        on_cancel: Callable[[Callable[[], None]], Callable[[], None]]) -> int:
+        on_cancel: Callable[[Callable[[], None]], Callable[[], None]], limit: int) -> int:
     """GET ``length`` bytes of ``path`` from ``start`` (``start=None``: the whole object) into
-    ``sink(offset, chunks)``, called in this thread; the bytes it received.
+    ``sink(offset, chunks)``, called in this thread; the bytes it received (at most ``limit``).
 
-    Raises :class:`SlowTransfer` when the floor is not met, :class:`Interrupted`
-    when ``cancelled()`` turns true (``on_cancel(wake)`` registers a wake-up for
-    that moment and returns its removal), or the request's own error.
+    Raises :class:`SlowTransfer` when the floor is not met, :class:`TooLong` at
+    the first byte past ``limit``, :class:`Interrupted` when ``cancelled()`` turns
+    true (``on_cancel(wake)`` registers a wake-up for that moment and returns its
+    removal), or the request's own error.
     """
     chunks = _chunks_of(fs)
     assert chunks is not None, "get() needs a streaming file system (see streams())"
@@ -165,6 +205,8 @@ def get(fs: Any, path: str, start: int | None, length: int | None, sink: Callabl
             size = 0
             offset = start or 0
             async for chunk in chunks(fs, path, start, length):
+                if moved[0] + len(chunk) > limit:
+                    raise TooLong(limit)
                 moved[0] += len(chunk)
                 pending.append(chunk)
                 size += len(chunk)
@@ -214,4 +256,4 @@ def get(fs: Any, path: str, start: int | None, length: int | None, sink: Callabl
             future.cancel()  # closes the response; its connection is not reused
 
 
-__all__ = ["Floor", "SlowTransfer", "RangeIgnored", "Interrupted", "Receiver", "get", "streams"]
+__all__ = ["BadRange", "check_length", "check_range", "Floor", "SlowTransfer", "RangeIgnored", "Interrupted", "Receiver", "TooLong", "get", "streams"]

@@ -59,7 +59,7 @@ import random
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import IO, Any, cast
 
 from chute._paths import default_cache_dir
 from chute.errors import CacheFullError, ChuteError, ShardError
@@ -67,6 +67,7 @@ from chute.format import validate
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
 from chute.storage.net.remote import Cancelled, Remote, verify_fd
+from chute.storage.net.stream import TooLong
 from chute.storage.node.direct import DIRECT_HOLDS, DirectReads
 from chute.storage.node.ledger import DOWNLOAD_LOCK, DOWNLOADS, PART_SUFFIX, ledger, lock_path, try_exclusive, unlink
 from chute.storage.node.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
@@ -76,6 +77,24 @@ log = logging.getLogger("chute")
 #: Most cached shards ranked for one eviction (see ShardCache._by_eviction_order).
 EVICTION_SAMPLE = 256
 _SAMPLER = random.Random()
+
+class _Bounded:
+    """The decompressed bytes of a shard on their way into its ``.part`` file: no more than the manifest's
+    size of it (a damaged or hostile ``.zst`` that inflates further is a transfer error, retried)."""
+
+    def __init__(self, out: Any, limit: int) -> None:
+        self.out, self.limit, self.written = out, limit, 0
+
+    def write(self, data: bytes) -> int:
+        if self.written + len(data) > self.limit:
+            raise TooLong(self.limit, f"the shard decompresses to more than the {self.limit:,} bytes the manifest gives it")
+        self.out.write(data)
+        self.written += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
 
 class ShardCache:
     """One dataset's shards in a node cache: ``acquire`` a shard (downloading it if needed), ``release`` it.
@@ -472,18 +491,20 @@ class ShardCache:
         except ImportError:
             raise ChuteError(f"{self.remote.url} stores its shards compressed with zstd: pip install 'chute[zstd]'") from None
         with open(part, "r+b") as out:
-            decompressor = [zstandard.ZstdDecompressor().decompressobj()]
+            bounded = _Bounded(out, info.bytes)
+            decompressor = [zstandard.ZstdDecompressor().stream_writer(cast("IO[bytes]", bounded), closefd=False)]
 
             def restart() -> None:
                 out.seek(0)
-                decompressor[0] = zstandard.ZstdDecompressor().decompressobj()
+                bounded.written = 0
+                decompressor[0] = zstandard.ZstdDecompressor().stream_writer(cast("IO[bytes]", bounded), closefd=False)
 
             def write(chunk: bytes) -> None:
-                out.write(decompressor[0].decompress(chunk))
+                decompressor[0].write(chunk)  # decompressed in pieces: never more than the shard's size written
 
-            self.remote.download_stream(info.stored_file, write, restart)
-            written = out.tell()
-            if written < info.bytes:  # a cut stream: the checksum check will catch it; keep the reservation size
+            self.remote.download_stream(info.stored_file, write, restart, info.stored_bytes)
+            decompressor[0].flush()
+            if bounded.written < info.bytes:  # a short stream: the checksum check will catch it; keep the reservation size
                 out.truncate(info.bytes)
         return None
 
