@@ -96,18 +96,20 @@ def stated_minimum(url: str, cache_dir: str, **kwargs: Any) -> int:
     raise AssertionError(f"a cache of 30,000 bytes was enough for {url}: use a larger dataset")
 
 
-def cache_bytes(cache_dir: str) -> int:
+def cache_bytes(cache_dir: str, *, locked: bool = False) -> int:
     """Bytes of shard data under ``cache_dir``: complete shards and ``.part`` downloads, not locks.
 
     Counted holding the cache lock (``.chute-cache.lock``, see chute/storage/node/cache.py),
     which every reservation, eviction and rename into place also holds: the count
     is a state the cache was really in, not a listing torn by a concurrent rename.
+    ``locked``: the caller holds it already.
     """
     if not os.path.isdir(cache_dir):
         return 0
     fd = os.open(os.path.join(cache_dir, ".chute-cache.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not locked:
+            fcntl.flock(fd, fcntl.LOCK_EX)
         total = 0
         for dirpath, _, files in os.walk(cache_dir):
             for name in files:

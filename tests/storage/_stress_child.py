@@ -24,6 +24,7 @@ stacks with gdb).
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import signal
 import sys
@@ -38,6 +39,8 @@ from tests.storage._helpers import epoch_columns
 STALL_S = 300.0
 #: What a member writes to its stderr once it has closed everything (then it exits normally).
 CLOSED = "closed, exiting"
+#: The line before the protocol steps it reached, as JSON (tests/storage/_stress_steps.py).
+STEPS = "stress member: steps"
 
 
 def main(url: str, cache_dir: str, limit: str, seed: str, window: str, batch: str, epochs: str, out_dir: str) -> None:
@@ -55,6 +58,9 @@ def main(url: str, cache_dir: str, limit: str, seed: str, window: str, batch: st
         print(f"stress member: epoch {epoch} saved", file=sys.stderr, flush=True)
     ld.close()
     ds.close()
+    from tests.storage._stress_steps import counts
+
+    print(f"{STEPS} {json.dumps(counts())}", file=sys.stderr, flush=True)
     threads = [f"{t.name}{' (daemon)' if t.daemon else ''}" for t in threading.enumerate()]
     print(f"stress member: {CLOSED}; threads alive: {', '.join(threads)}", file=sys.stderr, flush=True)
     if os.environ.get("CHUTE_STRESS_EXIT_DUMP"):

@@ -58,6 +58,7 @@ import os
 import random
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, cast
 
@@ -68,6 +69,7 @@ from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
 from chute.storage.net.remote import Cancelled, Remote, verify_fd
 from chute.storage.net.stream import TooLong
+from chute.storage.node import steps
 from chute.storage.node.direct import DIRECT_HOLDS, DirectReads
 from chute.storage.node.ledger import DOWNLOAD_LOCK, DOWNLOADS, PART_SUFFIX, ledger, lock_path, try_exclusive, unlink
 from chute.storage.node.share import DEAD_PEER_CHECK_S, LOCK_NAME, Sharing, cache_lock
@@ -317,6 +319,8 @@ class ShardCache:
                 gone = self._uncommit(i)
                 self._cond.notify_all()
             self._settle(gone)
+        if steps.HOOK is not None:
+            steps.HOOK("held", shard=i, path=self.path(i))
         return self.path(i)
 
     def _use_claim(self, i: int) -> None:
@@ -352,6 +356,8 @@ class ShardCache:
                 raise AssertionError(f"shard {i} released more often than acquired")
             del self._refs[i]
             fd = self._fds.pop(i)
+        if steps.HOOK is not None:
+            steps.HOOK("release", shard=i, path=self.path(i))
         if self.on_unpin is not None:
             self.on_unpin(i)
         os.close(fd)  # drops the shared lock
@@ -467,6 +473,8 @@ class ShardCache:
             problem = verify_fd(fd, info.checksum, url, info.bytes, streamed)
             if problem is not None:
                 return problem
+            if steps.HOOK is not None:
+                steps.HOOK("downloaded", part=part, final=final)
             with cache_lock(self.cache_dir):  # a concurrent scan sees the .part or the shard, never neither
                 os.replace(part, final)
                 books = ledger(self.cache_dir)
@@ -530,6 +538,8 @@ class ShardCache:
             DOWNLOADS.add(part)
             ledger(self.cache_dir).add(self.dir, os.path.basename(part), size)
             self.counts["high_water"] = max(self.counts["high_water"], used + size)
+            if steps.HOOK is not None:
+                steps.HOOK("reserved", path=part, size=size)
         return part
 
     def _wait_for_room(self, i: int) -> None:
@@ -545,7 +555,10 @@ class ShardCache:
                 self.sharing.await_room()
             else:
                 with self._cond:
-                    self._cond.wait(DEAD_PEER_CHECK_S)
+                    began = time.monotonic()
+                    rung = self._cond.wait(DEAD_PEER_CHECK_S)
+                if steps.HOOK is not None:
+                    steps.HOOK("woken", rung=rung, seconds=time.monotonic() - began)
 
     def _make_room(self, i: int, size: int) -> int | None:
         """Evict until ``size`` more bytes fit under the limit (holding the cache lock); the bytes then

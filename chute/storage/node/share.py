@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from chute.errors import CacheFullError
+from chute.storage.node import steps
 
 log = logging.getLogger("chute")
 
@@ -265,8 +266,13 @@ class Sharing:
                         ring = list(others)
                 for other in ring:  # they give back read-ahead beyond their share, and ring back
                     _ring(self._bell_path(other))
+                if steps.HOOK is not None:
+                    steps.HOOK("turn-wait", reserved=self.reserved, at_least=at_least)
                 with self._cond:
-                    self._cond.wait(DEAD_PEER_CHECK_S)
+                    began = time.monotonic()
+                    rung = self._cond.wait(DEAD_PEER_CHECK_S)
+                if steps.HOOK is not None:
+                    steps.HOOK("woken", rung=rung, seconds=time.monotonic() - began)
         finally:
             with self._cond:
                 self._waiters -= 1
@@ -291,7 +297,10 @@ class Sharing:
         for other in others:
             _ring(self._bell_path(other))
         with self._cond:
-            self._cond.wait(DEAD_PEER_CHECK_S)
+            began = time.monotonic()
+            rung = self._cond.wait(DEAD_PEER_CHECK_S)
+        if steps.HOOK is not None:
+            steps.HOOK("woken", rung=rung, seconds=time.monotonic() - began)
         with cache_lock(self.cache_dir), self._cond:
             if self._id is not None and self.state.waiting and not self._waiters:
                 self.state.waiting = 0
@@ -323,6 +332,8 @@ class Sharing:
                 self._publish()
                 if self.state.lease < before:
                     ring = [o for o, s in others.items() if s.waiting]
+        if ring and steps.HOOK is not None:
+            steps.HOOK("gave-back", lease=self.state.lease, ringing=len(ring))
         for other in ring:
             _ring(self._bell_path(other))
         if stop is not None:
