@@ -236,6 +236,33 @@ def test_missing_shard_is_not_found_and_not_retried(http_server, served, tmp_pat
     assert chute_threads() == []
 
 
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_objects_deleted_mid_epoch_surface_as_not_found_as_soon_with_worker_processes(http_server, tmp_path, workers):
+    """The server holds back the GETs of shards 4 and later, so that what is downloaded when the objects
+    go is the same for both kinds of worker: shards 0-3. Their batches may be delivered; none that reads
+    a deleted shard is; the error is the 404's, not retried, with either kind."""
+    write_dataset(str(http_server.root / "ds"), n=1000)
+    ds = chute.open(http_server.url + "ds", cache_dir=tmp_path / "cache")
+    kept = 4
+    http_server.hang("|".join(s.file for s in ds.shards[kept:]))
+    ld = loader(ds, shuffle=False, **({"workers": chute.Workers("processes", count=2)} if workers == "processes" else {}))
+    delivered = 0
+    with pytest.raises(chute.RemoteError) as info:
+        for step, _ in enumerate(ld):
+            delivered += 1
+            if step == 0:
+                for s in ds.shards[kept:]:
+                    os.unlink(http_server.root / "ds" / s.file)
+                http_server.release()  # the held GETs are answered now: 404
+    assert "not found" in str(info.value)
+    assert delivered <= sum(s.rows for s in ds.shards[:kept]) // 32  # no batch of a deleted shard
+    assert ds.cache.stats()["retries"] == 0
+    gets = shard_gets(http_server)
+    assert all(gets[s.file] <= 1 for s in ds.shards[kept:])  # each 404 once: not retried
+    ld.close()
+    assert chute_threads() == []
+
+
 # ---------------------------------------------------------------------------
 # Compressed shards, resume
 # ---------------------------------------------------------------------------
