@@ -1,14 +1,21 @@
 """Real servers on 127.0.0.1 for chute's remote-storage tests and benchmarks.
 
-Two kinds of server, each usable in-process or in a child process:
+The servers, the first two usable in-process or in a child process:
 
 - ``FaultyHTTPServer``: a read-only HTTP/1.1 file server (GET, HEAD, single byte
-  ranges, keep-alive) whose faults can be switched on while it runs: error
-  statuses, throttling with Retry-After, truncated and corrupted bodies, requests
-  that hang until released, servers that stop and come back on the same port.
+  ranges, keep-alive; https with ``tls=``) whose faults can be switched on while
+  it runs: error statuses, throttling with Retry-After, truncated and corrupted
+  bodies, requests that hang until released, redirects to another server,
+  bodies longer than asked for (no Content-Length, a false one, a 206 past or
+  beside its range), servers that stop and come back on the same port.
   Given ``upstream=`` instead of a root, it is a reverse proxy with the same
   faults in front of another server (moto's S3), so S3 clients can be tested
-  against outages too. Every request is logged.
+  against outages too. Every request is logged, with its headers, when its
+  answer began and ended, and whether its whole body went out.
+- ``ForwardProxy``: a forward proxy (absolute-URI GETs, CONNECT tunnels) that
+  logs what it carried, for ``HTTP_PROXY``/``HTTPS_PROXY``; ``tls_files`` and
+  ``server_tls`` make a test certificate authority and a server certificate
+  (a client trusts it with ``SSL_CERT_FILE``).
 - ``MotoS3Server``: moto's S3 in a child process (its state lives in memory:
   restarting it loses every bucket; to simulate an outage, put a
   ``FaultyHTTPServer(upstream=moto.endpoint_url)`` in front and stop that).
