@@ -16,6 +16,10 @@ each server and shard size, every run measures, in the same process:
   loop, the ratio to the ceiling, time to the first batch (``iter`` to batch 0)
   and to open, GET requests per shard;
 * the second epoch: bytes downloaded / dataset (the bound is 1 - 0.25 + 0.05);
+* the client's CPU seconds per GB: boto3's GETs into memory (S3), chute's downloads alone
+  (into files, hashed), the cold epoch, and the cold epoch again on the same Loader with
+  the cache emptied by hand (its batch blocks already allocated), each cold epoch also as a
+  ratio to boto3's in the same run;
 * the same two epochs simulated on the shard-use sequence of ``Order.shard_uses``
   with LRU, chute's next-use eviction (next use within the running epoch) and
   Belady's bound (the whole future known).
@@ -216,12 +220,20 @@ def cold_and_second(url: str, size: int, shards: int, cache: str, pid: int) -> d
     requests1 = ds.cache.remote.requests - requests0
     _, seconds2, _ = epoch(loader)
     stats2 = ds.cache.stats()
+    # The cold epoch again, with the same Loader: the shard files removed by hand (as docs/remote.md allows), so
+    # the cache is cold while the Loader's batch blocks exist already (a new Loader's first pass also pays the
+    # kernel's zeroing of every block it allocates: a cost per Loader, not per byte downloaded)
+    for name in os.listdir(ds.cache.dir):
+        if name.endswith(".arrow"):
+            os.unlink(os.path.join(ds.cache.dir, name))
+    (_, seconds3, _), client_cpu3, _ = with_cpu(lambda: epoch(loader), pid)
     loader.close()
     ds.close()
     ds.cache.close()
     return {"open_ms": opened * 1e3, "ttfb_ms": first * 1e3, "cold_MBps": nbytes / seconds / 1e6,
             "second_MBps": nbytes / seconds2 / 1e6, "window": window,
             "cold_cpu_client": client_cpu / size * 1e9, "cold_cpu_server": server_cpu / size * 1e9,
+            "recold_MBps": nbytes / seconds3 / 1e6, "recold_cpu_client": client_cpu3 / size * 1e9,
             "requests_per_shard": requests1 / shards,
             "cold_downloaded": stats1["bytes_downloaded"] / size,
             "second_downloaded": (stats2["bytes_downloaded"] - stats1["bytes_downloaded"]) / size}
@@ -268,6 +280,8 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
             rows["ceiling_MBps"].append(clients[best])
             rows["ceiling_cpu_client"].append(runs[best][1] * per_gb)
             rows["ceiling_cpu_server"].append(runs[best][2] * per_gb)
+            if "boto3" in runs:  # boto3's GETs into memory: the client CPU a download alone costs there
+                rows["boto3_cpu_client"].append(runs["boto3"][1] * per_gb)
             remote = chute_remote(url)
             seconds, client_cpu, server_cpu = with_cpu(lambda: ceiling_chute(remote, names, sizes, os.path.join(work, "dl")), pid)
             remote.close()
@@ -277,6 +291,9 @@ def bench(server: str, shard_mb: int, args: argparse.Namespace, work: str) -> di
             for key, value in cold_and_second(url, size, len(names), os.path.join(work, "cache"), pid).items():
                 rows[key].append(value)
             rows["ratio"].append(rows["cold_MBps"][-1] / rows["ceiling_MBps"][-1])
+            if "boto3" in runs:  # the cold epoch's client CPU (download, hash, write, gather) per boto3's, this run
+                rows["cold_cpu_vs_boto3"].append(rows["cold_cpu_client"][-1] / rows["boto3_cpu_client"][-1])
+                rows["recold_cpu_vs_boto3"].append(rows["recold_cpu_client"][-1] / rows["boto3_cpu_client"][-1])
         row = {"label": f"{server}, {shard_mb} MB shards", "server": server, "shard_MB": shard_mb,
                "dataset_MB": round(size / 1e6), "shards": len(names), "runs": args.runs, "cache_fraction": FRACTION,
                "second_bound": round(1 - FRACTION + 0.05, 2)}
@@ -339,11 +356,18 @@ def tables(rows: list[dict], kept: list[dict] | None = None) -> dict[str, dict]:
                         ["download_cpu_client", "chute downloads alone: client CPU s/GB", ".2f"],
                         ["download_cpu_server", "server CPU s/GB", ".2f"],
                         ["cold_cpu_client", "cold epoch: client CPU s/GB", ".2f"], ["cold_cpu_server", "server CPU s/GB", ".2f"],
+                        ["boto3_cpu_client", "boto3 GETs into memory: client CPU s/GB", ".2f"],
+                        ["cold_cpu_vs_boto3", "cold epoch / boto3", ".2f"],
+                        ["recold_cpu_client", "cold cache, Loader's later pass: client CPU s/GB", ".2f"],
+                        ["recold_cpu_vs_boto3", "that / boto3", ".2f"],
                         ["cold_cpu_bound_MBps", "cold epoch, all cores busy MB/s", ",.0f"], ["cold_MBps", "cold epoch MB/s", ",.0f"],
                         ["ceiling_cpu_bound_MBps", "ceiling, all cores busy MB/s", ",.0f"], ["ceiling_MBps", "ceiling MB/s", ",.0f"]],
             "rows": [r for r in labelled if "cold_cpu_client" in r],
             "notes": common + "; CPU seconds per GB delivered, the client (this process, every thread) and the server "
-                              "process apart; 'all cores busy' is the rate at which that work would keep every core of "
+                              "process apart; the ratios to boto3 are medians of each run's own ratio; 'cold cache, "
+                              "Loader's later pass' empties the cache by hand and runs the same Loader again (its batch "
+                              "blocks allocated: a new Loader's first pass also pays the kernel's zeroing of them, a cost "
+                              "per Loader); 'all cores busy' is the rate at which that work would keep every core of "
                               "the machine busy (cores / CPU per byte): the server shares the cores with the client",
         },
         "downloads": {
@@ -407,7 +431,11 @@ def main() -> None:
                 print(f"  CPU s/GB, client + server: ceiling {row['ceiling_cpu_client']:.2f} + {row['ceiling_cpu_server']:.2f}, "
                       f"chute's downloads alone {row['download_cpu_client']:.2f} + {row['download_cpu_server']:.2f}, "
                       f"cold epoch {row['cold_cpu_client']:.2f} + {row['cold_cpu_server']:.2f} "
-                      f"(all {row['cpus']} cores busy at {row['cold_cpu_bound_MBps']:,.0f} MB/s)")
+                      f"(all {row['cpus']} cores busy at {row['cold_cpu_bound_MBps']:,.0f} MB/s); "
+                      f"cold cache, the Loader's later pass {row['recold_cpu_client']:.2f}")
+                if "boto3_cpu_client" in row:
+                    print(f"  client CPU per GB against boto3's GETs into memory ({row['boto3_cpu_client']:.2f}): cold epoch "
+                          f"{row['cold_cpu_vs_boto3']:.2f}x, cold cache with the Loader's blocks allocated {row['recold_cpu_vs_boto3']:.2f}x")
                 sys.stdout.flush()
                 save("remote", tables(out, _kept(out)), merge=False)  # after each row: a run cut short keeps what it measured
     finally:

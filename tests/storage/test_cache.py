@@ -136,6 +136,32 @@ def test_limit_below_dataset_is_never_exceeded(http_server, served, tmp_path, ba
     assert chute_threads() == []
 
 
+def test_an_evicted_shard_s_file_is_recycled_for_the_next_download(http_server, served, tmp_path, monkeypatch):
+    """A download that has to evict takes the evicted shard's file (its blocks and cached pages) and
+    overwrites it, instead of the kernel freeing one file's pages and allocating another's; the epoch is exact."""
+    from chute.storage.node import steps
+
+    completed: set[int] = set()  # inodes of complete shard files seen
+    reused: list[int] = []
+
+    def hook(step: str, **facts) -> None:
+        if step == "held":
+            completed.add(os.stat(facts["path"]).st_ino)
+        elif step == "reserved" and os.stat(facts["path"]).st_ino in completed:
+            reused.append(os.stat(facts["path"]).st_ino)
+            assert os.path.getsize(facts["path"]) == facts["size"]  # resized to the new shard's size
+
+    monkeypatch.setattr(steps, "HOOK", hook)
+    want = local_epochs(str(http_server.root / "ds"), 1, shuffle=False)
+    cache_dir = str(tmp_path / "cache")
+    limit = chute.open(str(http_server.root / "ds")).nbytes // 4
+    ds = chute.open(served, cache_dir=cache_dir, cache_limit=limit)
+    assert_same_epoch(epoch_columns(loader(ds, shuffle=False)), want[0])
+    stats = ds.cache.stats()
+    assert 0 < stats["recycled"] <= stats["evictions"] and len(reused) == stats["recycled"]
+    assert stats["checksum_failures"] == 0 and cache_bytes(cache_dir) <= limit and part_files(cache_dir) == []
+
+
 def test_limit_smaller_than_one_shard_fails_at_open(http_server, served, tmp_path):
     largest = max(s.bytes for s in chute.open(str(http_server.root / "ds")).manifest.shards)
     with pytest.raises(chute.CacheFullError) as info:

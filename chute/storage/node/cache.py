@@ -134,7 +134,7 @@ class ShardCache:
         self.unpin_listeners: list[Callable[[int], None]] = []
         self._guests: frozenset[int] = frozenset()  # shards held for this process by its parent (see guest_reads)
         self.counts = {"hits": 0, "misses": 0, "shards_downloaded": 0, "bytes_downloaded": 0,
-                       "evictions": 0, "checksum_failures": 0, "high_water": 0, "room_waits": 0}
+                       "evictions": 0, "recycled": 0, "checksum_failures": 0, "high_water": 0, "room_waits": 0}
         sizes = sorted((s.bytes for s in manifest.shards), reverse=True)
         largest = sizes[0] if sizes else 0
         if self.limit is not None and largest > self.limit:
@@ -523,11 +523,21 @@ class ShardCache:
             raise Cancelled(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
         part = os.path.join(self.dir, f"{self._file(i)}.{size}.{secrets.token_hex(4)}{PART_SUFFIX}")
         with cache_lock(self.cache_dir):
-            used = self._make_room(i, size)
+            used, recycled = self._make_room(i, size, part)
             if used is None:
+                if recycled:
+                    unlink(part)
                 return None
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             try:
+                # a recycled file keeps its blocks and its pages in the page cache: the download overwrites
+                # them instead of the kernel freeing the evicted shard's and allocating the new one's
+                fd = os.open(part, os.O_RDWR | (0 if recycled else os.O_CREAT | os.O_EXCL), 0o644)
+            except OSError as exc:
+                unlink(part)
+                raise ChuteError(f"cannot reserve {size:,} bytes in the cache {self.cache_dir}: {exc}") from None
+            try:
+                if recycled:
+                    os.ftruncate(fd, size)
                 if size:
                     os.posix_fallocate(fd, 0, size)
             except OSError as exc:
@@ -560,15 +570,16 @@ class ShardCache:
                 if steps.HOOK is not None:
                     steps.HOOK("woken", rung=rung, seconds=time.monotonic() - began)
 
-    def _make_room(self, i: int, size: int) -> int | None:
-        """Evict until ``size`` more bytes fit under the limit (holding the cache lock); the bytes then
-        in use, or None if they do not fit. What the cache holds comes from its journal
+    def _make_room(self, i: int, size: int, part: str) -> tuple[int | None, bool]:
+        """Evict until ``size`` more bytes fit under the limit (holding the cache lock): ``(bytes then in
+        use, or None if they do not fit; whether the first shard evicted was renamed to ``part`` for the
+        download to overwrite, instead of removed)``. What the cache holds comes from its journal
         (chute/storage/node/ledger.py); when evicting every shard nobody holds is not enough, a scan of
         the directory (which removes dead downloads' leftovers) decides."""
         books = ledger(self.cache_dir)
         books.sync()
         if self.limit is None or books.used + size <= self.limit:
-            return books.used
+            return books.used, False
         mine = {self._file(j) for j in list(self._refs)} | {self._file(j) for j in list(self._loading) if j != i}
         if self.sharing is None:
             held = sum(self.manifest.shards[j].bytes for j in list(self._refs))
@@ -578,19 +589,35 @@ class ShardCache:
                     f"({size:,} bytes) beside the {held:,} bytes this process must keep at once; "
                     f"raise cache_limit to at least {held + size:,} bytes"
                 )
+        recycled = [False]
+
+        def evict(path: str) -> None:
+            if not recycled[0]:
+                try:
+                    os.rename(path, part)  # nobody holds it (its read lock is ours, exclusive): nobody reads it
+                    recycled[0] = True
+                    self.counts["recycled"] += 1
+                    return
+                except OSError:
+                    pass
+            unlink(path)
+
         for attempt in (1, 2):
             for directory, name, _ in self._by_eviction_order(books.shards(), mine):
                 path = os.path.join(directory, name)
-                if try_exclusive(directory, name, lambda p=path: unlink(p)):  # type: ignore[misc]
+                if try_exclusive(directory, name, lambda p=path: evict(p)):  # type: ignore[misc]
                     books.remove(directory, name)
                     self.counts["evictions"] += 1
                     if books.used + size <= self.limit:
-                        return books.used
+                        return books.used, recycled[0]
             if attempt == 1:
+                if recycled[0]:  # the scan would count it as a download of its own: removed, as evicted
+                    unlink(part)
+                    recycled[0] = False
                 books.rescan()
                 if books.used + size <= self.limit:
-                    return books.used
-        return None
+                    return books.used, False
+        return None, recycled[0]
 
     def _by_eviction_order(self, shards: list[tuple[str, str, int]], mine: set[str]) -> Iterator[tuple[str, str, int]]:
         """The cached ``shards`` but this dataset's files in ``mine``, in the order to evict them, the best first.
