@@ -194,7 +194,7 @@ class ShardChecks:
     def __init__(self, verify: bool = True) -> None:
         self.verify = bool(verify)
         self.hashed = 0
-        self._done: set[tuple[int, ...]] = set()
+        self._done: set[tuple[Any, ...]] = set()  # (file identity..., checksum): a reused inode is another key
         self._pruned: set[str] = set()
         self._lock = threading.Lock()
 
@@ -207,7 +207,7 @@ class ShardChecks:
     def bytes(self, mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: str) -> None:
         """Check a newly mapped shard's size and checksum (unless verification is off, or done)."""
         identity = _identity(mapped.fileno())
-        if not self.verify or identity in self._done:
+        if not self.verify or (*identity, info.checksum) in self._done:
             return
         record = _record(identity, info.checksum)
         if record in _REMEMBERED:  # this process downloaded and hashed these very bytes
@@ -231,7 +231,7 @@ class ShardChecks:
                   where: str, offsets_checked: Collection[str] = ()) -> None:
         """Check a newly mapped shard's record batches (unless done); from here on it counts as checked.
         ``offsets_checked``: see :func:`check_batches`."""
-        key = _identity(mapped.fileno())
+        key = (*_identity(mapped.fileno()), info.checksum)
         if key in self._done:
             return
         check_batches(batches, info, schema, where, offsets_checked)

@@ -82,16 +82,25 @@ def test_http_epoch_makes_one_get_per_shard_and_downloads_on_chute_threads(http_
     assert names and all(n.startswith("chute-") for n in names), names  # never the loop's thread
 
 
-def test_a_downloaded_shard_is_hashed_once_by_the_download_check_not_again_when_mapped(served, tmp_path, monkeypatch):
-    from chute.format import validate
+@pytest.mark.parametrize("ranged", [False, True])
+def test_a_downloaded_shard_is_hashed_once_by_the_download_check_not_again_when_mapped(served, tmp_path, monkeypatch, ranged):
+    """Whole-object GETs are hashed as the bytes arrive, ranged ones once the file is complete; either way
+    the check is remembered for the reader, which does not hash the shard again."""
+    from chute.format import manifest as manifest_module, validate
 
     looked = []
     real = validate._read
     monkeypatch.setattr(validate, "_read", lambda path: looked.append(path) or real(path))
+    hashed_files = []
+    real_checksum_fd = manifest_module.checksum_fd
+    monkeypatch.setattr(manifest_module, "checksum_fd", lambda fd, *a: hashed_files.append(fd) or real_checksum_fd(fd, *a))
     ds = chute.open(served, cache_dir=tmp_path / "cache")  # verify=True
+    if ranged:
+        ds.cache.remote.whole_max = ds.cache.remote.part_size = 8192
     rows = epoch_columns(loader(ds))
     assert len(next(iter(rows.values()))) == len(ds) and ds.cache.stats()["shards_downloaded"] == len(ds.shards)
     assert ds._checks.hashed == 0  # each download's checksum check was remembered for the reader's mapping
+    assert len(hashed_files) == (len(ds.shards) if ranged else 0)  # a file hashed only where no stream hash was taken
     assert looked == []  # in memory: the reader opened no marker file either (the markers are for other processes)
     other = chute.open(served, cache_dir=tmp_path / "cache")  # the next run's reader: no memory, the markers
     validate._REMEMBERED.clear()
