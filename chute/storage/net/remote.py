@@ -202,6 +202,12 @@ def unreachable(exc: BaseException) -> str | None:
     return None
 
 
+def _through_proxy(exc: BaseException) -> bool:
+    """Whether ``exc`` is urllib3's failure to reach a proxy (not the server behind it)."""
+    urllib3 = _loaded("urllib3.exceptions")
+    return urllib3 is not None and any(isinstance(error, urllib3.ProxyError) for error in _chain(exc))
+
+
 def describe(exc: BaseException) -> str:
     status = status_of(exc)
     text = f"{type(exc).__name__}: {exc}".strip()
@@ -393,9 +399,12 @@ class Remote:
             except Exception as exc:
                 reason = None if self.reached else unreachable(exc)
                 if reason is not None:
+                    check = ("check the proxy the environment names (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY; NO_PROXY "
+                             "lists the hosts reached without it)" if _through_proxy(exc)
+                             else "check the host, the port and that the server is running")
                     raise RemoteError(
                         f"{what} {url}: cannot connect, {reason} ({describe(exc)}); not retried, as nothing "
-                        "was ever reached there: check the host, the port and that the server is running"
+                        f"was ever reached there: {check}"
                     ) from exc
                 if not is_transient(exc):
                     if isinstance(exc, FileNotFoundError):
