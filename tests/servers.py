@@ -644,6 +644,7 @@ class FaultyHTTPServer:
         self.log = RequestLog()
         self.errors: list[str] = []  # tracebacks of unexpected handler failures (a test asserts it is empty)
         self._lock = threading.Lock()
+        self._gone = threading.Condition(self._lock)  # notified when a connection ends
         self._listener: socket.socket | None = None
         self._accepter: threading.Thread | None = None
         self._conns: dict[socket.socket, threading.Thread] = {}
@@ -715,6 +716,12 @@ class FaultyHTTPServer:
         if alive:
             raise RuntimeError(f"test server {self.url}: threads still running {timeout} s after stop: {alive}")
 
+    def wait_connections(self, n: int, timeout: float = 30.0) -> bool:
+        """Block until at most ``n`` client connections are open (clients closed the others): True, or
+        False after ``timeout`` seconds."""
+        with self._gone:
+            return self._gone.wait_for(lambda: len(self._conns) <= n, timeout)
+
     def __enter__(self) -> FaultyHTTPServer:
         if not self.serving:
             self.start()
@@ -755,6 +762,7 @@ class FaultyHTTPServer:
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
+                self._gone.notify_all()
             conn.close()
 
     # -- faults (thread-safe; may be changed while serving) --

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -73,7 +73,9 @@ def test_a_process_stopped_and_continued_while_others_wait_for_its_lease_exits(h
 
     thread = threading.Thread(target=wait_for_turn, name="test-exit-waiter", daemon=True)
     try:
-        ready, _, _ = select.select([child.stdout], [], [], START_S)
+        with selectors.DefaultSelector() as waiting:  # (not select(): the suite may hold fds past 1024 by now)
+            waiting.register(child.stdout, selectors.EVENT_READ)
+            ready = waiting.select(START_S)
         line = child.stdout.readline() if ready else ""
         assert line == "holding\n", f"the child did not start ({line!r}):\n{err_path.read_text()[-4000:]}"
         thread.start()

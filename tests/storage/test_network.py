@@ -188,6 +188,61 @@ def test_a_proxy_that_does_not_answer_is_named(served, tmp_path, monkeypatch):
     assert served + "/manifest.json" in message and "check the proxy the environment names (HTTP_PROXY" in message
 
 
+_CONNECTIONS_CHILD = """
+import gc, sys
+import chute
+from chute.storage.net.remote import Remote
+from tests.storage._helpers import epoch_columns, loader
+url, cache = sys.argv[1], sys.argv[2]
+def say(what):
+    print(what, flush=True)
+    sys.stdin.readline()
+ds, other = chute.open(url, cache_dir=cache + "1"), chute.open(url, cache_dir=cache + "2")
+ld = loader(ds)
+epoch_columns(ld)
+ld.close()
+say("read")
+other.cache.remote.close()
+say("one closed")
+ds.cache.remote.close()
+say("both closed")
+remote = Remote(url)
+remote.read("manifest.json")
+say("read again")
+del remote
+gc.collect()
+say("collected")
+"""
+
+
+def test_a_process_done_with_its_remote_datasets_keeps_no_connection_open(http_server, served, tmp_path):
+    """Connections are kept alive in the process's pools while a dataset uses them, and closed once none
+    does (its remote closed, or collected): the test server sees its client, a process of its own, hang up."""
+    import subprocess
+    import sys
+
+    from tests.servers import REPO_ROOT
+
+    child = subprocess.Popen([sys.executable, "-c", _CONNECTIONS_CHILD, served, str(tmp_path / "cache")], cwd=REPO_ROOT,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    try:
+        want = {"read": False, "one closed": False, "both closed": True, "read again": False, "collected": True}
+        for line, closed in want.items():
+            assert child.stdout.readline().strip() == line
+            # kept alive for the next request while a dataset uses them (not closed within 0.5 s), else closed
+            assert http_server.wait_connections(0, timeout=30 if closed else 0.5) is closed, line
+            child.stdin.write("\n")
+            child.stdin.flush()
+        assert child.wait(60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+        child.stdin.close()
+        child.stdout.close()
+
+
 # ---------------------------------------------------------------------------
 # S3 GETs that need more than a URL: signed by botocore, sent by chute's layer
 # ---------------------------------------------------------------------------

@@ -382,3 +382,30 @@ def test_two_datasets_of_one_process_read_together_fail_instead_of_waiting_for_e
     a.close()
     b.close()
     assert chute_threads() == []
+
+
+def test_a_member_with_descriptors_past_1024_open_still_hears_its_doorbell(tmp_path):
+    """A training process may hold many files open: the doorbell's listener waits with poll, which has no
+    FD_SETSIZE limit (select() raised for a descriptor past 1024, and the member never heard a ring)."""
+    from chute.storage.node.share import Sharing
+
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the doorbell's descriptor comes after these
+    try:
+        cache_dir = str(tmp_path / "cache")
+        asked = threading.Event()
+        first, other = Sharing(cache_dir, 100), Sharing(cache_dir, 100)
+        first.process, other.process = "simulated0", "simulated1"
+        first.attach(first, 60, 90, on_demand=asked.set, on_change=lambda: None, soon=lambda: [], job="A")
+        first.reserve(0, at_least=60)
+        other.attach(other, 60, 60, on_demand=lambda: None, on_change=lambda: None, soon=lambda: [], job="B")
+        waiter = threading.Thread(target=lambda: other.reserve(0, at_least=60), name="test-turn", daemon=True)
+        waiter.start()
+        assert asked.wait(30)  # the ring reached the first member's listener
+        first.detach(first)
+        waiter.join(30)
+        assert not waiter.is_alive()
+        other.detach(other)
+        assert chute_threads() == []
+    finally:
+        for fd in held:
+            os.close(fd)

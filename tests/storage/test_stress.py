@@ -43,13 +43,14 @@ reproduces the configuration, not necessarily the interleaving).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import os
 import random
 import re
-import select
+import selectors
 import shutil
 import signal
 import subprocess
@@ -325,14 +326,17 @@ def _round(round_seed: int, server, dataset: str, tmp_path) -> str:
     chaos = None
     try:
         for m in members:
-            m.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.storage._stress_child", url, cache_dir, str(limit), str(m.seed),
-                 str(m.window), str(m.batch), str(EPOCHS), m.out],
-                cwd=REPO_ROOT, env=dict(env, CHUTE_STRESS_SCHEDULE=json.dumps(m.schedule)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=open(os.path.join(m.out, "stderr"), "w"), text=True,
-            )
+            with open(os.path.join(m.out, "stderr"), "w") as stderr:  # the child keeps its own descriptor
+                m.proc = subprocess.Popen(
+                    [sys.executable, "-m", "tests.storage._stress_child", url, cache_dir, str(limit), str(m.seed),
+                     str(m.window), str(m.batch), str(EPOCHS), m.out],
+                    cwd=REPO_ROOT, env=dict(env, CHUTE_STRESS_SCHEDULE=json.dumps(m.schedule)), stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=stderr, text=True,
+                )
         for m in members:
-            ready, _, _ = select.select([m.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            with selectors.DefaultSelector() as waiting:  # (not select(): a long test run may hold fds past 1024)
+                waiting.register(m.proc.stdout, selectors.EVENT_READ)
+                ready = waiting.select(max(0.0, deadline - time.monotonic()))
             line = m.proc.stdout.readline() if ready else ""
             if line != "ready\n":
                 _dump_and_fail(members, f"member seed={m.seed} did not start: {line!r}", round_seed, log)
@@ -360,6 +364,10 @@ def _round(round_seed: int, server, dataset: str, tmp_path) -> str:
                 m.proc.send_signal(signal.SIGCONT)
                 m.proc.kill()
                 m.proc.wait(30)
+            if m.proc is not None:
+                for pipe in (m.proc.stdin, m.proc.stdout):
+                    with contextlib.suppress(OSError):
+                        pipe.close()
         checker.stop()
     for m in members:
         if m.proc is not None and m.proc.returncode == -signal.SIGKILL and "killed by its schedule" in _stderr(m):

@@ -27,6 +27,7 @@ import os
 import socket
 import threading
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -184,6 +185,7 @@ class Pools:
         self._managers: dict[tuple[str | None, bool | str], Any] = {}
         self._local = threading.local()
         self._classes = _pool_classes(self._local)
+        self._users = 0  # the remotes of this process that use the pools (see join)
 
     def manager(self, url: str, verify: bool | str = True, proxies: Mapping[str, str] | None = None) -> Any:
         """The manager a GET of ``url`` goes through (a ProxyManager when a proxy applies, see :func:`proxy_for`)."""
@@ -238,6 +240,21 @@ class Pools:
             yield watch
         finally:
             self._local.watch = previous
+
+    def join(self, user: object) -> Callable[[], Any]:
+        """``user`` (a dataset's :class:`~chute.storage.net.remote.Remote`) uses the pools from now on, until
+        it is collected or the returned function is called (once: later calls do nothing). Once no user is
+        left, the kept connections are closed: a process done with its remote datasets keeps no socket open."""
+        with self._lock:
+            self._users += 1
+        return weakref.finalize(user, self._leave)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self.clear()
 
     def clear(self) -> None:
         """Close every kept connection (in use ones close when their response is done)."""

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from chute.errors import ChuteError, RemoteError
 from chute.observe import inflight
 from chute.storage.net import http as http_get, s3, stream
+from chute.storage.net.pools import pools
 from chute.storage.net.stream import BadRange, Floor, RangeIgnored, SlowTransfer, TooLong
 
 log = logging.getLogger("chute")
@@ -239,6 +240,7 @@ class Remote:
         self._fs_pid = 0
         # made once per process, on first use (chute/storage/net/s3.py, chute/storage/net/http.py); False: does not apply
         self._made: dict[str, tuple[int, Any]] = {}
+        self._leave: Callable[[], Any] | None = None  # leaves the process's pools (see _client)
         self._path = ""
         self._lock = threading.Lock()
         self._rng = random.Random()
@@ -319,6 +321,9 @@ class Remote:
             wakers = [wake for _, wake in self._wakers]
         for wake in wakers:
             wake()
+        leave = self._leave
+        if leave is not None:
+            leave()  # (once: a finalizer) this Remote no longer uses the process's connections
 
     def cancel(self, event: threading.Event) -> None:
         """Set ``event`` (see :meth:`cancelled_by`) and wake the streamed requests it stops, at once."""
@@ -450,6 +455,12 @@ class Remote:
                     made = self._made[what] = (os.getpid(), make())
         return made[1]
 
+    def _client(self, client: http_get.Client) -> http_get.Client:
+        """``client``, of chute's connection layer: the process's pools count this Remote among their users
+        until it is closed or collected (then, if it was the last, their kept connections are closed)."""
+        self._leave = pools().join(self)
+        return client
+
     @property
     def s3_client(self) -> Any:
         """botocore's S3 client for this dataset's GETs (chute/storage/net/s3.py), or None: the fsspec path."""
@@ -470,11 +481,11 @@ class Remote:
         HTTP datasets, and S3 GETs that are presigned or signed by botocore), or None: the fsspec path
         (HTTP storage options only aiohttp takes) or botocore's own GETs."""
         if self.protocol in ("http", "https"):
-            return self._once("http", lambda: http_get.Client(dict(self.storage_options.get("headers") or {}))
+            return self._once("http", lambda: self._client(http_get.Client(dict(self.storage_options.get("headers") or {})))
                               if http_get.applies(self.storage_options) else False) or None
         if self.s3_mode in ("presigned", "signed"):
             options = self.storage_options
-            return self._once("s3-http", lambda: http_get.Client(verify=s3.verify_of(options), proxies=s3.proxies_of(options)))
+            return self._once("s3-http", lambda: self._client(http_get.Client(verify=s3.verify_of(options), proxies=s3.proxies_of(options))))
         return None
 
     def _get(self, path: str, url: str, start: int | None, length: int | None,

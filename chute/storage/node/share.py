@@ -556,9 +556,11 @@ class _Listener:
         self.thread.start()
 
     def _run(self) -> None:
+        poller = select.poll()  # (not select(): a process may hold descriptors past FD_SETSIZE, 1024)
+        poller.register(self.bell, select.POLLIN)
         try:
             while not self.stop.is_set():
-                select.select([self.bell], [], [])
+                poller.poll()
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self.bell, 4096):
                         pass
