@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+from typing import NoReturn
 
 import numpy as np
 
@@ -38,16 +39,32 @@ def tokenize_chunk(encoder: Encoder, keep_empty: bool, chunk: Chunk) -> list[Tok
     try:
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-    except (TypeError, ValueError):  # only a callable can return something else than lists of ints
-        raise TextError(
-            f"{chunk.origin(0)} and on: the {encoder.name} returned {_kinds(ids)}; it must return a sequence of "
-            "int token ids per text (for a transformers tokenizer, its .encode)"
-        ) from None
+    except (TypeError, ValueError, OverflowError):  # only a callable can return something else than lists of ints
+        _refuse(ids, encoder, chunk)
     _check_ids(flat, lengths, encoder, chunk)
     empty = int(np.count_nonzero(lengths == 0))
     if empty and not keep_empty:
         lengths = lengths[lengths > 0]
     return [Tokenized(flat.astype(np.uint32), lengths, len(texts), empty)]
+
+
+def _refuse(ids: list, encoder: Encoder, chunk: Chunk) -> NoReturn:
+    """The TextError for results that are not sequences of int64 token ids: the document, and what was wrong."""
+    for doc, values in enumerate(ids):
+        if not hasattr(values, "__len__") or isinstance(values, (str, bytes)):
+            break
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                break
+            if not 0 <= int(value) < UINT32_LIMIT:
+                raise TextError(f"{chunk.origin(doc)}: the {encoder.name} gave token id {value}; ids must be in 0..2**32-1")
+        else:
+            continue
+        break
+    raise TextError(
+        f"{chunk.origin(0)} and on: the {encoder.name} returned {_kinds(ids)}; it must return a sequence of "
+        "int token ids per text (for a transformers tokenizer, pass the tokenizer itself)"
+    )
 
 
 def _kinds(values: list) -> str:

@@ -46,6 +46,7 @@ from chute.errors import ShardError
 from chute.format.manifest import ShardInfo
 from chute.format.reader import check_indices, get_batch
 from chute.format.schema import ColumnType, Ragged, Schema, Tensor
+from chute.tokens._args import INT64_MAX, MAX_SEQ_LEN, integer
 from chute.tokens.source import TokenSource, token_source
 
 __all__ = ["Sequences", "sequences", "PACKINGS", "check_documents"]
@@ -100,12 +101,11 @@ class Sequences:
     """Fixed-length samples of a token source; make one with :func:`sequences`. Picklable."""
 
     def __init__(self, source: TokenSource, seq_len: int, pack: str = "concat", pad_id: int = 0) -> None:
-        seq_len = int(seq_len)
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+        seq_len = integer(seq_len, "seq_len", 1, MAX_SEQ_LEN)
+        pad_id = integer(pad_id, "pad_id", -(2**63), INT64_MAX)
         if pack not in PACKINGS:
             raise ValueError(f"pack must be one of {PACKINGS}, got {pack!r}")
-        self.source, self.seq_len, self.pack, self.pad_id = source, seq_len, pack, int(pad_id)
+        self.source, self.seq_len, self.pack, self.pad_id = source, seq_len, pack, pad_id
         self.root = f"chute.tokens.sequences({source.root}, seq_len={seq_len}, pack={pack!r})"
         self.itemsize = source.dtype.itemsize
         self.starts = np.zeros(len(source.shards) + 1, dtype=np.int64)  # token offsets of the shards in the stream

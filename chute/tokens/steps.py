@@ -74,7 +74,7 @@ def which(
 def _need(seq_len: int | None) -> int:
     if seq_len is None:
         raise ValueError("which needs seq_len= unless it is given a chute.tokens.sequences view")
-    return int(seq_len)
+    return seq_len
 
 
 def _documents(view: Any) -> np.ndarray:

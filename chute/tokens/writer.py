@@ -30,6 +30,7 @@ from chute.format.manifest import Manifest
 from chute.format.schema import Ragged, Schema
 from chute.format.writer import ShardWriter
 from chute.storage.write import Writer
+from chute.tokens._args import optional_integer
 
 __all__ = ["TokenWriter", "write", "METADATA_KEY", "COLUMN", "dtype_for"]
 
@@ -126,14 +127,10 @@ class TokenWriter:
         storage_options: Mapping[str, Any] | None = None,
         durable: bool = True,
     ) -> None:
-        if vocab_size is not None:
-            vocab_size = int(vocab_size)
-            if vocab_size < 1:
-                raise ValueError(f"vocab_size must be at least 1, got {vocab_size}")
-        if eos_id is not None:
-            eos_id = int(eos_id)
-            if eos_id < 0 or (vocab_size is not None and eos_id >= vocab_size):
-                raise ValueError(f"eos_id {eos_id} is not a token id of a vocabulary of {vocab_size} ids")
+        vocab_size = optional_integer(vocab_size, "vocab_size", 1, _UINT32_IDS)
+        eos_id = optional_integer(eos_id, "eos_id", 0, _UINT32_IDS - 1)
+        if eos_id is not None and vocab_size is not None and eos_id >= vocab_size:
+            raise ValueError(f"eos_id {eos_id} is not a token id of a vocabulary of {vocab_size} ids")
         metadata = dict(metadata or {})
         if METADATA_KEY in metadata:
             raise ValueError(f"metadata key {METADATA_KEY!r} is reserved for the token dataset's description")
@@ -186,23 +183,47 @@ class TokenWriter:
                 f"document {position} is a {array.ndim}-D array of shape {array.shape}; chute.tokens.write takes "
                 "1-D arrays of token ids, one per document"
             )
-        if array.size and not (np.issubdtype(array.dtype, np.integer) and array.dtype != np.bool_):
-            raise SchemaError(f"document {position} holds {array.dtype} values; token ids must be integers")
-        array = array.astype(np.int64, copy=False)
-        if array.size:
-            lo, hi = int(array.min()), int(array.max())
-            if lo < 0:
-                raise SchemaError(f"document {position} holds token id {lo}; token ids cannot be negative")
-            if self._limit is not None and hi >= self._limit:
-                if self.vocab_size is not None:
-                    raise SchemaError(f"document {position} holds token id {hi}, outside the vocabulary of {self.vocab_size} ids")
-                raise SchemaError(
-                    f"document {position} holds token id {hi}, which does not fit the {self.dtype} chosen from the "
-                    f"first shard's tokens; pass vocab_size= so the dtype is chosen from the vocabulary"
-                )
+        array = self._ids(array, lambda at: position)
         if self.eos_id is not None:
             array = np.append(array, np.int64(self.eos_id))
         return array
+
+    def _ids(self, array: np.ndarray, document: Any) -> np.ndarray:
+        """``array`` (1-D) as int64 token ids, each checked against the dtype and vocabulary *before* it is converted
+        (a uint64 or Python int of 2**32 or more never wraps); ``document(i)`` numbers the document of element ``i``."""
+        if not array.size:
+            return np.zeros(0, np.int64)
+        if array.dtype == object:  # Python ints too large for int64, or values that are no integers at all
+            for i, value in enumerate(array.tolist()):
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                    raise SchemaError(f"document {document(i)} holds a {type(value).__name__} value; token ids must be integers")
+                self._check_id(int(value), document(i))
+            return np.asarray(array.tolist(), dtype=np.int64)  # all checked: they fit
+        if not (np.issubdtype(array.dtype, np.integer) and array.dtype != np.bool_):
+            raise SchemaError(f"document {document(0)} holds {array.dtype} values; token ids must be integers")
+        lo, hi = int(array.min()), int(array.max())  # exact Python ints, whatever the dtype
+        limit = self._limit if self._limit is not None else _UINT32_IDS
+        if lo < 0 or hi >= limit:
+            bad = int(np.flatnonzero((array < 0) | (array >= limit))[0])
+            self._check_id(int(array[bad]), document(bad))
+        return array.astype(np.int64, copy=False)
+
+    def _check_id(self, value: int, document: int) -> None:
+        """SchemaError naming ``document`` unless ``value`` is a token id this dataset can store."""
+        if value < 0:
+            raise SchemaError(f"document {document} holds token id {value}; token ids cannot be negative")
+        if self.vocab_size is not None and value >= self.vocab_size:
+            raise SchemaError(f"document {document} holds token id {value}, outside the vocabulary of {self.vocab_size} ids")
+        if value >= _UINT32_IDS:
+            raise SchemaError(
+                f"document {document} holds token id {value}; token ids must be below 2**32 (uint32, the widest "
+                "token dtype): is this array token ids?"
+            )
+        if self._limit is not None and value >= self._limit:
+            raise SchemaError(
+                f"document {document} holds token id {value}, which does not fit the {self.dtype} chosen from the "
+                f"first shard's tokens; pass vocab_size= so the dtype is chosen from the vocabulary"
+            )
 
     def append(self, doc: Any) -> None:
         """Add one document (a 1-D array of token ids)."""
@@ -227,20 +248,20 @@ class TokenWriter:
         if self._writer.closed:
             raise ChuteError(f"the token writer for {self.url} is closed")
         flat = np.asarray(tokens.detach().cpu().numpy() if hasattr(tokens, "detach") else tokens)
-        sizes = np.asarray(lengths, dtype=np.int64)
+        sizes = np.asarray(lengths)
         if flat.ndim != 1 or sizes.ndim != 1:
             raise SchemaError("extend takes a 1-D array of tokens and a 1-D array of document lengths")
-        if flat.size and not (np.issubdtype(flat.dtype, np.integer) and flat.dtype != np.bool_):
-            raise SchemaError(f"documents from {self.documents} on hold {flat.dtype} values; token ids must be integers")
-        if (sizes < 0).any() or int(sizes.sum()) != flat.size:
-            raise SchemaError(f"lengths must be >= 0 and sum to the {flat.size} tokens given; they sum to {int(sizes.sum())}")
-        hi = 0
-        if flat.size:
-            lo, hi = int(flat.min()), int(flat.max())
-            if lo < 0 or (self._limit is not None and hi >= self._limit):
-                bad = int(np.flatnonzero((flat < 0) | (flat >= (self._limit or 0)) if self._limit else flat < 0)[0])
-                doc = int(np.searchsorted(np.cumsum(sizes), bad, side="right"))
-                self._check(flat[bad : bad + 1], self.documents + doc)  # raises, naming the document
+        if sizes.size and (sizes.dtype.kind not in "iu" or int(sizes.min()) < 0 or int(sizes.sum()) != flat.size):
+            raise SchemaError(
+                f"lengths must be integers >= 0 that sum to the {flat.size} tokens given; got {sizes.dtype} lengths "
+                f"summing to {sizes.sum()}"
+            )
+        if not sizes.size and flat.size:
+            raise SchemaError(f"lengths must sum to the {flat.size} tokens given; no lengths were given")
+        sizes = sizes.astype(np.int64)
+        ends = np.cumsum(sizes)
+        flat = self._ids(flat, lambda at: self.documents + int(np.searchsorted(ends, at, side="right")))
+        hi = int(flat.max()) if flat.size else 0
         if self.eos_id is not None:
             flat = np.insert(flat.astype(np.int64, copy=False), np.cumsum(sizes), self.eos_id)
             sizes = sizes + 1
