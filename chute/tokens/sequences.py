@@ -212,6 +212,17 @@ class Sequences:
                 ) from None
             self._sources[i] = (tokens, offsets, plan)
 
+    def plan(self, i: int) -> np.ndarray:
+        """``pack="documents"``: shard ``i``'s plan, the token offsets (in its mapped tokens) where its sequences
+        start, then where the last one ends (mapped and planned if it was not)."""
+        if self.pack != "documents":
+            raise ValueError(f"{self.root} reads windows of the token stream; only pack='documents' has a plan")
+        while True:
+            self._map(i)
+            mapped = self._sources[i]
+            if mapped is not None:  # else unmapped meanwhile (a remote shard evicted): map again
+                return mapped[2]
+
     def _unmap(self, i: int) -> None:
         self._sources[i] = None
 

@@ -124,7 +124,7 @@ def test_json_lines_that_are_not_utf8_are_skipped_and_counted(tmp_path, tokenize
         convert(path, tmp_path / "out", tokenizer=tokenizer_json, workers=workers, progress=False)
     assert main(["convert", str(path), str(tmp_path / "out"), "--tokenizer", tokenizer_json, "--errors", "skip",
                  "--workers", str(workers)]) == 0
-    assert "1 of 3 documents were not UTF-8 text: skipped (--errors skip)" in capsys.readouterr().err
+    assert "1 of 3 documents were not UTF-8 text: skipped (--errors skip)" in capsys.readouterr().out
     ds = chute.open(tmp_path / "out")
     assert [ds[i]["source_line"] for i in range(len(ds))] == [1, 4]
     assert ds.metadata["source"]["skipped"]["first"] == [{"source_file": "c.jsonl", "source_line": 2, "why": "not decodable"}]
