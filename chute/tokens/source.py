@@ -72,6 +72,13 @@ class TokenSource:
     def nbytes(self) -> int:
         return int(self.shard_tokens.sum()) * self.dtype.itemsize
 
+    def first_documents(self, counts: np.ndarray) -> np.ndarray:
+        """Per shard, the number (from 0, over all of the data) of its first document; ``counts`` are the
+        documents per shard (:attr:`shard_docs`, or counted where unknown)."""
+        first = np.zeros(len(counts), dtype=np.int64)
+        np.cumsum(counts[:-1], out=first[1:])
+        return first
+
 
 class DatasetTokens(TokenSource):
     """The tokens of a chute token dataset (one ``tokens`` column, a row per document)."""

@@ -236,8 +236,7 @@ class _Reader:
 
     def __init__(self, view: Any, name: str | None) -> None:
         self.view, self.name = view, name
-        self.doc_base = np.zeros(len(view.shards) + 1, dtype=np.int64)
-        np.cumsum(_documents(view), out=self.doc_base[1:])
+        self.doc_base = view.source.first_documents(_documents(view))
         self.shards: dict[int, tuple[int, np.ndarray]] = {}
 
     def offsets(self, shard: int) -> tuple[int, np.ndarray]:
