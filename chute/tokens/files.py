@@ -83,6 +83,37 @@ class _Files(TokenSource):
     def shard_path(self, i: int) -> str:
         return self.shards[i].file
 
+    def _documents(self) -> np.ndarray:
+        """Documents per file (flat files with ``eos_id``: counted once, by the scan that finds their ends)."""
+        if (self.shard_docs < 0).any():
+            self.shard_docs = np.asarray([len(self._offsets(i)) - 1 for i in range(len(self.shards))], dtype=np.int64)
+        return self.shard_docs
+
+    def _offsets(self, i: int) -> np.ndarray:
+        offsets = self.map(i)[2]
+        assert offsets is not None  # asked for (documents=True)
+        return offsets
+
+    def __len__(self) -> int:
+        """The number of documents."""
+        return int(self._documents().sum())
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        """Document ``index`` (counted over all the files, from 0): its token ids, a read-only view of the file."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"document indices must be integers, not {type(index).__name__}")
+        counts = self._documents()
+        total = int(counts.sum())
+        position = int(index) + (total if index < 0 else 0)
+        if not 0 <= position < total:
+            raise IndexError(f"document {index} is out of range for {self.root} of {total} documents")
+        ends = np.cumsum(counts)
+        shard = int(np.searchsorted(ends, position, side="right"))
+        d = position - (int(ends[shard - 1]) if shard else 0)
+        tokens, _, offsets = self.map(shard)
+        assert offsets is not None
+        return tokens[int(offsets[d]) : int(offsets[d + 1])]
+
     def close(self) -> None:
         with self._lock:
             self._maps = {}
