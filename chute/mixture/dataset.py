@@ -238,7 +238,7 @@ def _same_sequences(sources: Mapping[str, Any]) -> None:
     if len(set(shapes.values())) <= 1 or any(v[0] is None for v in shapes.values()):
         return
     detail = ", ".join(f"{name!r} seq_len={length} pack={pack!r}" for name, (length, pack) in shapes.items())
-    length, pack = max(v[0] for v in shapes.values()), next(iter(shapes.values()))[1]
+    length, pack = max(int(v[0] or 0) for v in shapes.values()), next(iter(shapes.values()))[1]
     raise SchemaError(
         f"the token views of a mixture must have one seq_len and packing ({detail}): make each view with the same "
         f"ones, e.g. chute.tokens.sequences(data, {length}, pack={pack!r}) for every dataset"
