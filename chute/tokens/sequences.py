@@ -223,6 +223,14 @@ class Sequences:
             if mapped is not None:  # else unmapped meanwhile (a remote shard evicted): map again
                 return mapped[2]
 
+    def _prepare(self, indices: np.ndarray) -> bool:
+        """A batch needs shards not mapped yet: let the source prepare them together (their checksums hashed side
+        by side with the other ranks'), before they are mapped one by one."""
+        missing = [i for i in self.shards_of(indices) if self._sources[i] is None]
+        if len(missing) > 1:
+            self.source.prepare(missing)
+        return True
+
     def _unmap(self, i: int) -> None:
         self._sources[i] = None
 
@@ -230,11 +238,13 @@ class Sequences:
 
     def _read_window(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
         """``pack="concat"``: windows ``indices`` into ``outs`` (input_ids, labels), one native call."""
+        prepared = False
         while True:
             try:
                 _native.tokens_window(indices, self.seq_len, self.starts, self._sources, self.itemsize, outs[0], outs[1])
                 return []
             except _native.Unmapped as missing:
+                prepared = prepared or self._prepare(indices)
                 self._map(missing.shard)
             except _native.CorruptShard as exc:
                 raise self._corrupt(exc) from None
@@ -244,6 +254,7 @@ class Sequences:
         ``[cu_seqlens]`` of the batch (its own array: the batch's user may keep it; a Python call or two per batch,
         bounded by tests/tokens/test_calls.py)."""
         cu = np.empty(outs[0].size + 1, dtype=np.int32)  # at most one segment per position, + the leading 0
+        prepared = False
         while True:
             try:
                 count = _native.tokens_packed(
@@ -252,6 +263,7 @@ class Sequences:
                 )
                 return [torch.from_numpy(cu[:count])]
             except _native.Unmapped as missing:
+                prepared = prepared or self._prepare(indices)
                 self._map(missing.shard)
             except _native.CorruptShard as exc:
                 raise self._corrupt(exc) from None

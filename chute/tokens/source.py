@@ -59,6 +59,9 @@ class TokenSource:
     def set_on_unmap(self, callback: Any) -> None:
         """``callback(i)`` is called when shard ``i``'s mapping goes (a remote shard evicted from the cache)."""
 
+    def prepare(self, shards: list[int]) -> None:
+        """Shards ``shards`` are about to be mapped together (one batch's): do what can be done for them at once."""
+
     def shard_path(self, i: int) -> str:
         raise NotImplementedError
 
@@ -122,6 +125,10 @@ class DatasetTokens(TokenSource):
                 f"{int(self.shard_tokens[i])}; run `chute inspect --verify` on the dataset and write it again"
             )
         return tokens, base, offsets
+
+    def prepare(self, shards: list[int]) -> None:
+        """Their checksums, hashed side by side with the other processes opening the dataset (Dataset.check_ahead)."""
+        self.dataset.check_ahead(shards)
 
     def set_on_unmap(self, callback: Any) -> None:
         cache = self.cache

@@ -88,6 +88,9 @@ class SplitTokens(TokenSource):
     def set_on_unmap(self, callback: Any) -> None:
         self.parent.set_on_unmap(callback)
 
+    def prepare(self, shards: list[int]) -> None:
+        self.parent.prepare(shards)
+
     def shard_path(self, i: int) -> str:
         return self.parent.shard_path(i)
 
