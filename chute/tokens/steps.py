@@ -26,6 +26,7 @@ import numpy as np
 from chute.errors import ChuteError
 from chute.order import DEFAULT_WINDOW, Order
 from chute.tokens._args import integer
+from chute.tokens._text_sources import origin
 
 __all__ = ["Piece", "which"]
 
@@ -40,6 +41,7 @@ class Piece:
     ``dataset`` is the mixture's name of the dataset the piece comes from (None outside a mixture); ``fields`` the
     document's recorded columns besides its tokens: for a converted corpus ``source_file`` and ``source_line``
     (where the document is in the corpus) and the fields kept with ``keep=``; empty for other token data.
+    ``origin`` is where the document is, as chute's messages name it (``corpus.jsonl line 41``), if recorded.
     """
 
     rank: int
@@ -51,22 +53,13 @@ class Piece:
     stop: int
     dataset: str | None = None
     fields: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
-
-    @property
-    def origin(self) -> str | None:
-        """Where the document is in its corpus, as chute's messages name it (``corpus.jsonl line 41``), if recorded."""
-        file, line = self.fields.get("source_file"), self.fields.get("source_line")
-        if file is None:
-            return None
-        name = str(file).lower()
-        if name.endswith(".txt"):
-            return str(file)
-        return f"{file} line {line}" if any(k in name for k in (".jsonl", ".ndjson", ".json")) else f"{file} row {line}"
+    origin: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        if self.dataset is None:
-            del out["dataset"]
+        for key in ("dataset", "origin"):
+            if out[key] is None:
+                del out[key]
         return out
 
 
@@ -291,8 +284,14 @@ class _Reader:
         batch = dataset.get_batch(np.asarray(documents, dtype=np.int64))
         names = [n for n in dataset.schema.names if n not in _NOT_FIELDS]
         rows = {doc: {n: _plain(batch[n][j]) for n in names} for j, doc in enumerate(documents)}
+        source = dataset.metadata.get("source")
+        kind = source.get("kind") if isinstance(source, dict) else None
         for r, i in mine:
-            ranks[r][i] = dataclasses.replace(ranks[r][i], fields=rows[ranks[r][i].document])
+            fields = rows[ranks[r][i].document]
+            where = None
+            if kind is not None and "source_file" in fields and "source_line" in fields:
+                where = origin(str(fields["source_file"]), int(fields["source_line"]), kind)
+            ranks[r][i] = dataclasses.replace(ranks[r][i], fields=fields, origin=where)
 
 
 def _plain(value: Any) -> Any:
