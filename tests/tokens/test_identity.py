@@ -185,3 +185,26 @@ def test_which_refuses_what_does_not_fit(setup):
         chute.tokens.which(loader, 100_000)
     with pytest.raises(TypeError, match="step must be an integer, got float"):
         chute.tokens.which(loader, 1.0)
+
+
+def test_chute_which_from_a_saved_state_prints_origins_and_kept_fields(setup, tmp_path, capsys):
+    from chute.cli import main
+
+    root, _, corpora = setup
+    view = chute.tokens.sequences(corpora["web"], 16, pack="documents")
+    loader = chute.Loader(view, 3, shuffle=True, seed=5, workers=1)
+    for step, _ in enumerate(loader):
+        if step == 4:
+            break
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(loader.state_dict()))
+    ds = corpora["web"].root
+    assert main(["which", ds, "--step", "6", "--seq-len", "16", "--pack", "documents", "--state", str(state), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == [[p.to_json() for p in r] for r in chute.tokens.which(loader, 6)]
+    assert got[0][0]["origin"].startswith("part") and "id" in got[0][0]["fields"]
+    assert main(["which", ds, "--step", "6", "--seq-len", "16", "--pack", "documents", "--state", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert "source" in out.splitlines()[0] and "id" in out.splitlines()[0] and " line " in out
+    assert main(["which", ds, "--step", "6", "--seq-len", "16", "--state", str(state), "--seed", "1"]) == 1
+    assert "--seed: not with --state" in capsys.readouterr().err
