@@ -3,6 +3,7 @@ and reads sequences with --seq-len/--pack; doctor sizes /dev/shm from sequences;
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -47,9 +48,7 @@ def test_a_ragged_column_is_no_count_of_samples():
 
 
 def test_doctor_sizes_shared_memory_from_sequences(corpus):
-    env = doctor.gather()
-    if env.shm_total is None:
-        pytest.skip("no /dev/shm on this machine")
+    env = dataclasses.replace(doctor.gather(), shm_total=1 << 30, shm_free=1 << 30)  # whatever this machine has
     by_docs = next(c for c in doctor.check(env, corpus, batch_size=8, prefetch=2, workers=1) if c.name == "/dev/shm")
     assert "pass --seq-len L to size it from the sequences training reads" in by_docs.found
     line = next(c for c in doctor.check(env, corpus, batch_size=8, prefetch=2, workers=1, seq_len=1024, pack="documents")
