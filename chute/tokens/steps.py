@@ -136,7 +136,10 @@ def _view(data: Any, seq_len: Any, pack: str) -> Any:
     """A Sequences view or a mixture of them, as given, or ``sequences(data, seq_len, pack)``."""
     from chute.tokens.sequences import Sequences, sequences
 
-    if isinstance(data, Sequences) or _is_mixture(data):
+    if isinstance(data, Sequences):
+        return data
+    if _is_mixture(data):
+        _check_views(data)
         return data
     if seq_len is None:
         raise ValueError("which needs seq_len= unless it is given a chute.tokens.sequences view (or a mixture of them)")
@@ -147,6 +150,15 @@ def _is_mixture(data: Any) -> bool:
     from chute.mixture.dataset import Mixture
 
     return isinstance(data, Mixture)
+
+
+def _check_views(mixture: Any) -> None:
+    from chute.tokens.sequences import Sequences
+
+    others = [name for name, ds in mixture.sources.items() if not isinstance(ds, Sequences)]
+    if others:
+        raise ChuteError(f"which names the documents of token views; the mixture's {others} are not "
+                         "chute.tokens.sequences(...) views")
 
 
 def _seed(seed: Any) -> int:
@@ -160,8 +172,12 @@ def _order(view: Any, batch_size: int, shuffle: bool, seed: int, window: int, dr
 
 
 def _from_loader(loader: Any, epoch: int | None) -> _Run:
+    from chute.tokens.sequences import Sequences
+
     view = loader.dataset
-    if not (_is_mixture(view) or hasattr(view, "source")):
+    if _is_mixture(view):
+        _check_views(view)
+    elif not isinstance(view, Sequences):
         raise ChuteError(f"which(loader, step) needs a loader of chute.tokens.sequences(...) (or a mixture of them), "
                          f"not of {getattr(view, 'root', type(view).__name__)}")
     state = loader.state_dict()

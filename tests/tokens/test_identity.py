@@ -208,3 +208,12 @@ def test_chute_which_from_a_saved_state_prints_origins_and_kept_fields(setup, tm
     assert "source" in out.splitlines()[0] and "id" in out.splitlines()[0] and " line " in out
     assert main(["which", ds, "--step", "6", "--seq-len", "16", "--state", str(state), "--seed", "1"]) == 1
     assert "--seed: not with --state" in capsys.readouterr().err
+
+
+def test_which_needs_token_views(tmp_path):
+    plain = chute.write([{"x": np.float32(i)} for i in range(8)], tmp_path / "plain")
+    with pytest.raises(chute.ChuteError, match=r"which\(loader, step\) needs a loader of chute.tokens.sequences"):
+        chute.tokens.which(chute.Loader(plain, 2), 0)
+    mix = chute.mix({"a": plain, "b": plain}, weights={"a": 1, "b": 1})
+    with pytest.raises(chute.ChuteError, match=r"the mixture's \['a', 'b'\] are not chute.tokens.sequences"):
+        chute.tokens.which(chute.Loader(mix, 2), 0)
