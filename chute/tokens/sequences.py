@@ -100,6 +100,10 @@ def _plan(source: TokenSource, i: int, offsets: np.ndarray, seq_len: int, out: n
 class Sequences:
     """Fixed-length samples of a token source; make one with :func:`sequences`. Picklable."""
 
+    #: A batch is one native call with the GIL released, ``cu_seqlens`` (the variable-size column of
+    #: ``pack="documents"``) included: the Loader treats it as a gather (worker threads from one per core).
+    native_batches = True
+
     def __init__(self, source: TokenSource, seq_len: int, pack: str = "concat", pad_id: int = 0) -> None:
         seq_len = integer(seq_len, "seq_len", 1, MAX_SEQ_LEN)
         pad_id = integer(pad_id, "pad_id", -(2**63), INT64_MAX)
