@@ -26,7 +26,7 @@ import numpy as np
 from chute.errors import ChuteError
 from chute.order import DEFAULT_WINDOW, Order
 from chute.tokens._args import integer
-from chute.tokens._text_sources import origin
+from chute.tokens._corpus import origin
 
 __all__ = ["Piece", "which"]
 

@@ -1,8 +1,8 @@
 """``chute.tokens.convert``, in module ``chute.tokens.text``: a text corpus tokenized into a token dataset (``chute convert --tokenizer``).
 
 The corpus is read in this process as chunks of about 1 MiB of text
-(:mod:`chute.tokens._text_sources`); worker processes (or Ray actors) parse and
-tokenize the chunks (:mod:`chute.tokens._tokenize`); results come back in
+(:mod:`chute.tokens._corpus`); worker processes (or Ray actors) parse and
+tokenize the chunks (:mod:`chute.tokens._workers`); results come back in
 chunk order, so the dataset is the same bytes whatever the number of workers.
 At most two chunks per worker are in flight, so memory stays flat however big
 the corpus. This process writes the documents with :class:`chute.tokens.TokenWriter`
@@ -25,9 +25,9 @@ from chute.format.schema import ColumnType, Json, Scalar, String
 from chute.sources._parallel import OrderedPool, resolve_workers
 from chute.sources._progress import Progress
 from chute.storage.open import open_dataset
-from chute.tokens._text_sources import CHUNK_BYTES, UNDECODABLE, ReadOptions, TextSource, open_text_source
-from chute.tokens._tokenize import Tokenized, setup_worker, tokenize_chunk, tokenize_in_worker
-from chute.tokens._tokenizer import Encoder, check_picklable, encoder_eos, load_tokenizer
+from chute.tokens._corpus import CHUNK_BYTES, UNDECODABLE, ReadOptions, TextSource, open_text_source
+from chute.tokens._encoders import Encoder, check_picklable, encoder_eos, load_tokenizer
+from chute.tokens._workers import Tokenized, setup_worker, tokenize_chunk, tokenize_in_worker
 from chute.tokens.writer import TokenWriter
 
 DEFAULT_SHARD_SIZE = "128MB"
@@ -215,7 +215,7 @@ def _tokenized(
     """The chunks of ``text`` tokenized, in order: by Ray actors, worker processes, or this process."""
     chunks = text.chunks(chunk_bytes)
     if ray is not None:
-        from chute.tokens._ray_tokenize import tokenize_on_ray
+        from chute.tokens._ray_actors import tokenize_on_ray
 
         check_picklable(encoder)
         with contextlib.closing(tokenize_on_ray(chunks, encoder, keep_empty, ray, workers or None)) as results:

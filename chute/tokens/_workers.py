@@ -19,8 +19,8 @@ from typing import NoReturn
 
 import numpy as np
 
-from chute.tokens._text_sources import Chunk, Documents, TextError
-from chute.tokens._tokenizer import Encoder
+from chute.tokens._corpus import Chunk, Documents, TextError
+from chute.tokens._encoders import Encoder
 
 UINT32_LIMIT = 1 << 32
 EMPTY = "empty"
