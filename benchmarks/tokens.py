@@ -31,7 +31,8 @@ manifest, view, Loader) and to its first batch, and its RSS (total and
 anonymous) after it, and the CPU seconds it spent from the barrier to its first
 batch (``getrusage``, all its threads: the figure that a busy machine does not
 inflate); with the checksum check of ``chute.open`` on (the default: each shard
-hashed once per machine) and off (``verify=False``).
+hashed once per machine; the machine's checksum markers of the corpus are removed
+before each such run, so it is a first open) and off (``verify=False``).
 
 Each part saves its table through ``benchmarks/_results.py`` (``tokens.json``;
 ``--label`` names the start-up table ``startup-<label>``, e.g. to keep a run of
@@ -261,6 +262,17 @@ def _rank(path: str, warmup: str, pack: str, verify: bool, rank: int, world: int
     loader.close()
 
 
+def forget_checksums(ds: chute.Dataset) -> None:
+    """Remove this machine's checksum markers of ``ds``'s shards (``<chute cache dir>/verified/<bucket>``)."""
+    import shutil
+
+    from chute.format import validate
+
+    marker = validate._marker_path(ds.shard_path(0))
+    if marker is not None:
+        shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
+
+
 def startup(args: argparse.Namespace) -> None:
     path = startup_corpus(args.data_dir, args.documents)
     warmup = os.path.join(args.data_dir, "startup-warmup")
@@ -273,6 +285,8 @@ def startup(args: argparse.Namespace) -> None:
     for pack, verify in (("concat", True), ("documents", True), ("concat", False), ("documents", False)):
         got_all, loads = [], []
         for r in range(args.repeats):
+            if verify:  # a first open on this machine: no shard's checksum known yet
+                forget_checksums(ds)
             loads.append(os.getloadavg()[0])
             barrier, results = ctx.Barrier(args.processes), ctx.Queue()
             procs = [ctx.Process(target=_rank, args=(path, warmup, pack, verify, k, args.processes, barrier, results)) for k in range(args.processes)]

@@ -27,6 +27,7 @@ _EXPORTS = {
     "RemoteError": "chute.errors",
     "CacheFullError": "chute.errors",
     "WriteError": "chute.errors",
+    "TextError": "chute.errors",
     "open": "chute.storage.open:open_dataset",
     "write": "chute.storage.write",
     "Writer": "chute.storage.write",
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names above (tests/test_
         SchemaError as SchemaError,
         ShardError as ShardError,
         StallError as StallError,
+        TextError as TextError,
         WriteError as WriteError,
     )
     from chute.format.reader import Dataset as Dataset

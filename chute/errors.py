@@ -52,3 +52,8 @@ class CacheFullError(ChuteError):
 class WriteError(ChuteError):
     """Writing a dataset failed on the file system (the disk is full, a file grew past a limit):
     nothing half-written is left, the message names the path and what to do."""
+
+
+class TextError(ChuteError):
+    """A text corpus cannot be read as documents: a missing key or column, a value that is not a string, bad JSON,
+    or bytes that do not decode (the message names the file and line or row, and what to do)."""

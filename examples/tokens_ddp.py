@@ -7,7 +7,13 @@ The data is a token dataset (``chute.tokens.write``; made at ``--data`` when
 there is none: documents that count upwards, so the model has something to
 learn) read as packed sequences of ``--seq-len`` tokens
 (``chute.tokens.sequences(..., pack="documents")``: ``input_ids``, ``labels``,
-``position_ids``). The first command trains 2 ranks and stops after step 3 of
+``position_ids``, ``cu_seqlens``). Several documents share a row, so the model
+attends within documents only: a block-diagonal causal mask built from
+``cu_seqlens`` (:func:`document_mask`) for PyTorch's scaled_dot_product_attention,
+positions restarting at every document (``position_ids``), and no loss where a
+label would cross a document's end (``labels`` are -100 there). A plain causal
+mask would let every token see the documents packed before it in its row.
+The first command trains 2 ranks and stops after step 3 of
 epoch 0 with a checkpoint, as a preempted job would; the second continues from
 it with exactly the next batch. ``loader.state_dict()`` is the same small dict
 on every rank, so rank 0 saves it. ``--record FILE`` appends, per rank, the
@@ -40,20 +46,48 @@ def example_corpus(path: str, documents: int) -> chute.Dataset:
     return chute.tokens.write(docs, path, vocab_size=VOCAB, eos_id=VOCAB - 1, shard_size="16KB")
 
 
+def document_mask(cu_seqlens: torch.Tensor, batch: int, seq_len: int) -> torch.Tensor:
+    """A ``[batch, 1, seq_len, seq_len]`` boolean mask for ``scaled_dot_product_attention`` (True: may attend):
+    position ``i`` of a row attends to position ``j`` only if ``j <= i`` and both lie in the same piece, the pieces
+    being what ``cu_seqlens`` bounds over the flattened batch (each document piece, and the padding run)."""
+    flat = torch.arange(batch * seq_len, device=cu_seqlens.device)
+    piece = torch.searchsorted(cu_seqlens[1:].to(torch.int64), flat, right=True).view(batch, seq_len)
+    same = piece[:, :, None] == piece[:, None, :]
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=cu_seqlens.device).tril()
+    return (same & causal)[:, None]
+
+
+class Block(torch.nn.Module):
+    """One pre-norm transformer block whose attention takes an explicit mask (PyTorch's SDPA)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.out = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(), torch.nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.out(attended.transpose(1, 2).reshape(b, n, d))
+        return x + self.mlp(self.norm2(x))
+
+
 class TinyLM(torch.nn.Module):
-    """Embeddings (token + position), one causal self-attention layer, a head: the smallest real causal LM."""
+    """Embeddings (token + position), one causal self-attention block confined to documents, a head."""
 
     def __init__(self, dim: int = 32, seq_len: int = 64) -> None:
         super().__init__()
         self.tokens = torch.nn.Embedding(VOCAB, dim)
         self.positions = torch.nn.Embedding(seq_len, dim)
-        self.layer = torch.nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=64, batch_first=True, dropout=0.0)
+        self.block = Block(dim, heads=2)
         self.head = torch.nn.Linear(dim, VOCAB)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        n = input_ids.shape[1]
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(n)
-        return self.head(self.layer(self.tokens(input_ids) + self.positions(position_ids), src_mask=mask, is_causal=True))
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        mask = document_mask(cu_seqlens, *input_ids.shape)
+        return self.head(self.block(self.tokens(input_ids) + self.positions(position_ids), mask))
 
 
 def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
@@ -76,7 +110,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
             epoch = loader.epoch
             for step, batch in enumerate(loader):
                 seen.setdefault(epoch, []).extend(batch["input_ids"][:, 0].tolist())
-                logits = model(batch["input_ids"], batch["position_ids"])
+                logits = model(batch["input_ids"], batch["position_ids"], batch["cu_seqlens"])
                 # labels are -100 at padding and at each document's last token: no loss there
                 loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
                 optimizer.zero_grad()

@@ -18,6 +18,9 @@ def add(sub) -> None:
     p.add_argument("--epochs", type=at_least(1), default=1, help="passes over the dataset (default 1; --seconds may end the run sooner)")
     p.add_argument("--seconds", type=positive, default=None, help="stop after this many seconds")
     p.add_argument("--no-shuffle", action="store_true", help="read in storage order")
+    p.add_argument("--seq-len", type=at_least(1), default=None, metavar="L",
+                   help="a token dataset: read it as sequences of L tokens (chute.tokens.sequences), as training reads it")
+    p.add_argument("--pack", choices=["concat", "documents"], default=None, help="with --seq-len: the packing (default concat)")
     add_transform(p)
     p.add_argument("--cache-dir", default=None, help="node cache for a remote dataset (default $CHUTE_CACHE_DIR or ~/.cache/chute)")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="write throughput over time and stage utilisation (needs chute[plot])")
@@ -30,8 +33,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot:  # fail before the run, not after it
         _require_matplotlib()
+    data = args.dataset
+    if args.pack is not None and args.seq_len is None:
+        raise ChuteError("--pack goes with --seq-len L (a token dataset read as sequences of L tokens)")
+    if args.seq_len is not None:
+        from chute.storage.open import open_dataset
+        from chute.tokens import sequences
+
+        data = sequences(open_dataset(args.dataset, cache_dir=args.cache_dir), args.seq_len, pack=args.pack or "concat")
     result = bench.run(
-        args.dataset, batch_size=args.batch_size, num_threads=args.threads, workers=args.workers, prefetch=args.prefetch,
+        data, batch_size=args.batch_size, num_threads=args.threads, workers=args.workers, prefetch=args.prefetch,
         epochs=args.epochs, seconds=args.seconds, shuffle=not args.no_shuffle, cache_dir=args.cache_dir,
         loader_kwargs=transform_kwargs(args),
     )

@@ -15,7 +15,7 @@ CONVERT_OPTIONS = ("path_column", "root", "data_type", "column_types", "cast", "
 KINDS = ("index", "images", "arrow", "hf", "numpy", "webdataset", "jsonl", "hdf5", "zarr", "lmdb", "tfrecord")
 """chute.sources.KINDS, spelt out: ``chute --help`` does not import the converters (tests/test_cli.py checks they agree)."""
 
-TEXT_OPTIONS = ("text_key", "eos", "eos_id", "keep_empty", "vocab_size")
+TEXT_OPTIONS = ("text_key", "eos", "eos_id", "keep_empty", "vocab_size", "keep", "encoding", "errors")
 """``chute convert`` flags that go to the text conversion only (chute/tokens/text.py, docs/tokens.md)."""
 
 
@@ -81,6 +81,11 @@ def add(sub) -> None:
     p.add_argument("--eos-id", type=at_least(0), default=None, metavar="N", help="with --tokenizer: append token N to every document (implies --eos)")
     p.add_argument("--keep-empty", action="store_true", default=False, help="with --tokenizer: keep documents with no tokens (default: counted and skipped)")
     p.add_argument("--vocab-size", type=at_least(1), default=None, metavar="N", help="with --tokenizer: the vocabulary size, if not the tokenizer's (picks uint16 or uint32)")
+    p.add_argument("--keep", type=_names, default=None, metavar="A,B,...",
+                   help="with --tokenizer: fields (JSON keys, columns) kept beside the tokens, e.g. id,url (each document's file and line are kept anyway)")
+    p.add_argument("--encoding", default=None, help="with --tokenizer: the text's encoding (JSON lines, .txt; default utf-8)")
+    p.add_argument("--errors", default=None, choices=["strict", "replace", "ignore", "backslashreplace", "skip"],
+                   help="with --tokenizer: bytes that do not decode: an error (strict, the default), replaced, ignored, or the document skipped (counted)")
     p.set_defaults(run=run)
 
 
@@ -127,7 +132,7 @@ def _convert_text(args: argparse.Namespace) -> int:
             args.src, args.dst, tokenizer=args.tokenizer, text_key=args.text_key or "text", eos=args.eos,
             eos_id=args.eos_id, keep_empty=args.keep_empty, split=args.split, vocab_size=args.vocab_size,
             workers=args.workers, shard_size=args.shard_size, overwrite=args.overwrite, progress=not args.quiet,
-            ray=args.ray,
+            ray=args.ray, keep=args.keep or (), encoding=args.encoding or "utf-8", errors=args.errors or "strict",
         )
     elapsed = time.perf_counter() - start
     print(
@@ -135,6 +140,7 @@ def _convert_text(args: argparse.Namespace) -> int:
         f"{len(ds.shards)} shard(s), {format_size(ds.nbytes)}, to {ds.root} in {elapsed:.1f} s "
         f"({counts.tokens / max(elapsed, 1e-9):,.0f} tokens/s)"
     )
-    if counts.empty:
-        print(counts.empty_note(args.keep_empty))
+    for note in (counts.empty_note(args.keep_empty), counts.undecodable_note(args.encoding or "utf-8")):
+        if note:
+            print(note)
     return 0

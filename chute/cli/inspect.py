@@ -26,11 +26,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"dataset   {ds.root}")
     print(f"format    chute {manifest.to_json()['format_version']}, written by {manifest.created_by or 'unknown'}")
     print(f"rows      {len(ds):,} in {len(ds.shards)} shard(s), {format_size(ds.nbytes)}")
+    tokens = ds.metadata.get("tokens")
+    if isinstance(tokens, dict):  # a token dataset: its figures on one line (the metadata below is cut short)
+        print(f"tokens    {_token_summary(tokens)}")
     print("columns")
     print(table([[name, ctype.describe()] for name, ctype in ds.schema]))
     if ds.metadata:
         print("metadata")
         for key, value in ds.metadata.items():
+            if key == "tokens" and isinstance(value, dict):
+                value = {k: v for k, v in value.items() if k not in ("shard_tokens", "packed")}  # per-shard lists
             text = json.dumps(value)
             print(f"  {key}: {text if len(text) <= 100 else text[:97] + '...'}")
     print("shards")
@@ -55,3 +60,17 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(f"verify: all {len(ds.shards)} shard(s) match their size and checksum")
     return 0
+
+
+def _token_summary(meta: dict) -> str:
+    """``documents, tokens, dtype, vocabulary, end token`` of a token dataset's metadata (what is there of them)."""
+
+    def number(key: str) -> str:
+        value = meta.get(key)
+        return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "?"
+
+    vocab = meta.get("vocab_size")
+    eos = meta.get("eos_id")
+    return (f"{number('documents')} documents, {number('tokens')} tokens ({meta.get('dtype', '?')}), "
+            f"vocabulary {'unknown' if vocab is None else number('vocab_size')}, "
+            f"end-of-document token {'none' if eos is None else number('eos_id')}")

@@ -373,6 +373,31 @@ class Dataset:
                 shard = self._open(i, self.shard_path(i))
         return shard
 
+    def check_ahead(self, indices: Sequence[int]) -> None:
+        """Verify the checksums of the local shards ``indices`` that are not mapped yet, now, skipping those another
+        process is hashing at this moment (their first read waits for its result, as before).
+
+        For a reader about to map several shards at once (a batch over a shuffle window): the processes of a job
+        that open the same dataset together then hash different shards side by side, each shard once on the
+        machine, instead of all queueing on the first shard, then on the second. Nothing is served from a shard
+        before its checksum matched: this only moves the hashing earlier."""
+        if self.cache is not None or not self._checks.verify:
+            return
+        todo = [int(i) for i in indices if self._shards[int(i)] is None]
+        if len(todo) < 2:
+            return
+        start = os.getpid() % len(todo)  # processes start on different shards
+        for i in todo[start:] + todo[:start]:
+            path = self.shard_path(i)
+            try:
+                mapped = pa.memory_map(path, "r")
+            except (OSError, pa.ArrowException):
+                continue  # the read that maps it says what is wrong
+            try:
+                self._checks.bytes_if_free(mapped, path, self.manifest.shards[i], f"dataset {self.root}")
+            finally:
+                mapped.close()
+
     def _open(self, i: int, path: str) -> _Shard:
         """Map shard ``i`` from ``path`` and publish its buffers (called with ``_lock`` held)."""
         shard = _Shard(

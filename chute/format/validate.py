@@ -227,6 +227,29 @@ class ShardChecks:
             self.hashed += 1
             _write_marker(marker, record, os.path.dirname(os.path.realpath(path)))
 
+    def bytes_if_free(self, mapped: pa.MemoryMappedFile, path: str, info: ShardInfo, where: str) -> bool:
+        """:meth:`bytes` unless another process is hashing this shard now: then nothing, and False (the shard's
+        first read waits for that process's marker). Lets processes that need the same shards at once (the
+        ranks of a job opening a dataset) hash different ones side by side instead of queueing on each in turn."""
+        identity = _identity(mapped.fileno())
+        if not self.verify or identity in self._done:
+            return True
+        record = _record(identity, info.checksum)
+        marker = _marker_path(path)
+        if record in _REMEMBERED or marker is None:
+            return record in _REMEMBERED
+        self._prune_once(os.path.dirname(marker))
+        if _read(marker) == record:
+            return True
+        with _hashing(marker, wait=False) as held:
+            if not held:
+                return False
+            if _read(marker) != record:
+                check_bytes(mapped, path, info, where)
+                self.hashed += 1
+                _write_marker(marker, record, os.path.dirname(os.path.realpath(path)))
+        return True
+
     def structure(self, batches: list[pa.RecordBatch], mapped: pa.MemoryMappedFile, info: ShardInfo, schema: Schema,
                   where: str, offsets_checked: Collection[str] = ()) -> None:
         """Check a newly mapped shard's record batches (unless done); from here on it counts as checked.
@@ -298,9 +321,10 @@ def _pause(seconds: float) -> None:
 
 
 @contextlib.contextmanager
-def _hashing(marker: str) -> Iterator[None]:
-    """Hold the lock of the shard behind ``marker`` (another process hashing it: wait, up to ``HASH_WAIT``).
-    Without a usable lock file (no fcntl, a read-only cache) nothing is held: the shard is hashed anyway.
+def _hashing(marker: str, wait: bool = True) -> Iterator[bool]:
+    """Hold the lock of the shard behind ``marker`` (another process hashing it: wait, up to ``HASH_WAIT``; with
+    ``wait=False`` give up at once). Yields whether the lock is held (or there is no lock to take). Without a
+    usable lock file (no fcntl, a read-only cache) nothing is held: the shard is hashed anyway.
 
     The wait polls (1 ms, doubling to 50 ms) because ``flock`` has no timeout: a blocking wait on a stopped
     holder would never end, and the hash it waits for takes milliseconds to a second."""
@@ -313,23 +337,27 @@ def _hashing(marker: str) -> Iterator[None]:
             os.makedirs(os.path.dirname(marker), exist_ok=True)
             fd = os.open(_lock_path(marker), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except (ImportError, OSError):
-        yield
+        yield True
         return
     try:
         deadline = time.monotonic() + HASH_WAIT
         pause = 0.001
+        held = True
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if not wait:
+                    held = False
+                    break
                 if time.monotonic() >= deadline:
                     break
                 _pause(pause)
                 pause = min(2 * pause, 0.05)
             except OSError:
                 break
-        yield
+        yield held
     finally:
         os.close(fd)  # releases the lock
 

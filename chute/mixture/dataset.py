@@ -198,6 +198,7 @@ def _chain(unpin: Any, base: int, batches: BatchReader) -> Any:
 def common_schema(sources: Mapping[str, Dataset], columns: Sequence[str] | None) -> Schema:
     """The schema every source shares, or of the ``columns`` selected; raises naming what differs."""
     names = list(sources)
+    _same_sequences(sources)
     first = sources[names[0]].schema
     if columns is None:
         differences = []
@@ -229,6 +230,19 @@ def common_schema(sources: Mapping[str, Dataset], columns: Sequence[str] | None)
             detail = ", ".join(f"{t.describe()} in {n!r}" for n, t in types.items())
             raise SchemaError(f"column {c!r} has different types in the mixture's datasets ({detail}); it cannot be mixed")
     return Schema.from_dict({c: first[c] for c in columns})
+
+
+def _same_sequences(sources: Mapping[str, Any]) -> None:
+    """Token views (``chute.tokens.sequences``) mix only with one ``seq_len`` and packing: say so, and how."""
+    shapes = {name: (getattr(ds, "seq_len", None), getattr(ds, "pack", None)) for name, ds in sources.items()}
+    if len(set(shapes.values())) <= 1 or any(v[0] is None for v in shapes.values()):
+        return
+    detail = ", ".join(f"{name!r} seq_len={length} pack={pack!r}" for name, (length, pack) in shapes.items())
+    length, pack = max(int(v[0] or 0) for v in shapes.values()), next(iter(shapes.values()))[1]
+    raise SchemaError(
+        f"the token views of a mixture must have one seq_len and packing ({detail}): make each view with the same "
+        f"ones, e.g. chute.tokens.sequences(data, {length}, pack={pack!r}) for every dataset"
+    )
 
 
 def mix(

@@ -26,7 +26,10 @@ from chute.observe.report import Context, Report, build_consumer_only
 
 
 def batch_size_of(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (dicts, lists, tuples searched), else 1."""
+    """Samples in a batch: the first dimension of its first tensor (dicts, lists, tuples searched), else 1.
+
+    A dict's value that is a list is the column of a variable-size field, one entry per sample (a ragged
+    column: its first tensor is the first sample's, whose length is no count of samples): its length counts."""
     import torch
 
     todo = [batch]
@@ -35,6 +38,11 @@ def batch_size_of(batch: Any) -> int:
         if isinstance(item, torch.Tensor):
             return int(item.shape[0]) if item.dim() else 1
         if isinstance(item, dict):
+            for value in item.values():
+                if isinstance(value, torch.Tensor):
+                    return int(value.shape[0]) if value.dim() else 1
+                if isinstance(value, list):
+                    return len(value)
             todo.extend(item.values())
         elif isinstance(item, (list, tuple)) and item:
             if not any(isinstance(v, (torch.Tensor, dict, list, tuple)) for v in item):

@@ -176,7 +176,8 @@ class Loader:
         """No Python function at all over a dataset whose columns are all fixed-size: a batch is one native
         gather, a copy bound by memory bandwidth (the autotuner does not probe a thread beyond the cores)."""
         variable = getattr(self.dataset, "variable_columns", None)
-        return bool(self.fns.identity and variable is not None and not variable)
+        native = getattr(self.dataset, "native_batches", False)  # variable columns made in the same native call
+        return bool(self.fns.identity and variable is not None and (not variable or native))
 
     def _first_depth(self) -> int:
         """Batches in flight to start with: 16, or fewer when 16 batches would not fit the memory budget.

@@ -83,6 +83,37 @@ class _Files(TokenSource):
     def shard_path(self, i: int) -> str:
         return self.shards[i].file
 
+    def _documents(self) -> np.ndarray:
+        """Documents per file (flat files with ``eos_id``: counted once, by the scan that finds their ends)."""
+        if (self.shard_docs < 0).any():
+            self.shard_docs = np.asarray([len(self._offsets(i)) - 1 for i in range(len(self.shards))], dtype=np.int64)
+        return self.shard_docs
+
+    def _offsets(self, i: int) -> np.ndarray:
+        offsets = self.map(i)[2]
+        assert offsets is not None  # asked for (documents=True)
+        return offsets
+
+    def __len__(self) -> int:
+        """The number of documents."""
+        return int(self._documents().sum())
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        """Document ``index`` (counted over all the files, from 0): its token ids, a read-only view of the file."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"document indices must be integers, not {type(index).__name__}")
+        counts = self._documents()
+        total = int(counts.sum())
+        position = int(index) + (total if index < 0 else 0)
+        if not 0 <= position < total:
+            raise IndexError(f"document {index} is out of range for {self.root} of {total} documents")
+        ends = np.cumsum(counts)
+        shard = int(np.searchsorted(ends, position, side="right"))
+        d = position - (int(ends[shard - 1]) if shard else 0)
+        tokens, _, offsets = self.map(shard)
+        assert offsets is not None
+        return tokens[int(offsets[d]) : int(offsets[d + 1])]
+
     def close(self) -> None:
         with self._lock:
             self._maps = {}
@@ -98,10 +129,14 @@ class MegatronTokens(_Files):
         self.eos_id = None
         dtypes, shards, tokens, docs, self._index = [], [], [], [], []
         for prefix in self.prefixes:
-            dtype, count, index = _read_index(prefix)
+            dtype, count, index, described = _read_index(prefix)
             size = _size(prefix + ".bin")
-            if count and size % dtype.itemsize:
-                raise ShardError(f"{prefix}.bin holds {size} bytes, not a whole number of {dtype} tokens; the file is damaged")
+            if size != described:
+                raise ShardError(
+                    f"{prefix}.bin holds {size} bytes but {prefix}.idx describes {described} ({count} sequences of "
+                    f"{dtype} tokens): the .bin is truncated or damaged, or the two files belong to different datasets; "
+                    "write them again (or give the prefix of the matching pair)"
+                )
             dtypes.append(dtype)
             shards.append(ShardInfo(prefix + ".bin", count, size, ""))
             tokens.append(size // dtype.itemsize)
@@ -137,31 +172,39 @@ class MegatronTokens(_Files):
         return tokens, 0, offsets
 
 
-def _read_index(prefix: str) -> tuple[np.dtype, int, tuple[int, int]]:
-    """The token dtype, the number of sequences and where the lengths start in ``prefix.idx``."""
+def _read_index(prefix: str) -> tuple[np.dtype, int, tuple[int, int], int]:
+    """The token dtype, the number of sequences, where the lengths start in ``prefix.idx``, and the size in bytes
+    the index says ``prefix.bin`` has (where its last sequence ends; read from the index in O(1))."""
     path = prefix + ".idx"
+    start = len(MEGATRON_HEADER) + _HEADER.size
     try:
         with open(path, "rb") as f:
-            head = f.read(len(MEGATRON_HEADER) + _HEADER.size)
+            head = f.read(start)
+            if head[: len(MEGATRON_HEADER)] != MEGATRON_HEADER or len(head) < start:
+                raise ShardError(f"{path} is not a Megatron-LM index (it does not start with {MEGATRON_HEADER!r})")
+            version, code, sequences, documents = _HEADER.unpack_from(head, len(MEGATRON_HEADER))
+            if version != 1:
+                raise ShardError(f"{path} is a Megatron-LM index of version {version}; chute reads version 1")
+            dtype = MEGATRON_DTYPES.get(code)
+            if dtype is None:
+                raise ShardError(
+                    f"{path} stores tokens with dtype code {code}; chute reads uint16 (8) and int32 (4) token ids"
+                )
+            size = os.fstat(f.fileno()).st_size
+            if sequences * (4 + 8) + documents * 8 > size - start:
+                raise ShardError(f"{path} holds {size} bytes, too few for {sequences} sequences; the index is truncated")
+            described = 0
+            if sequences:  # the last sequence's pointer and length: where the .bin ends
+                f.seek(start + 4 * (sequences - 1))
+                (length,) = struct.unpack("<i", f.read(4))
+                f.seek(start + 4 * sequences + 8 * (sequences - 1))
+                (pointer,) = struct.unpack("<q", f.read(8))
+                if length < 0 or pointer < 0:
+                    raise ShardError(f"{path}: its last sequence has length {length} at byte {pointer}; the index is damaged")
+                described = pointer + length * dtype.itemsize
     except FileNotFoundError:
         raise ChuteError(f"{path} is missing: a Megatron-LM dataset is a prefix with a .bin and an .idx file") from None
-    if head[: len(MEGATRON_HEADER)] != MEGATRON_HEADER or len(head) < len(MEGATRON_HEADER) + _HEADER.size:
-        raise ShardError(f"{path} is not a Megatron-LM index (it does not start with {MEGATRON_HEADER!r})")
-    version, code, sequences, documents = _HEADER.unpack_from(head, len(MEGATRON_HEADER))
-    if version != 1:
-        raise ShardError(f"{path} is a Megatron-LM index of version {version}; chute reads version 1")
-    dtype = MEGATRON_DTYPES.get(code)
-    if dtype is None:
-        raise ShardError(
-            f"{path} stores tokens with dtype code {code}; chute reads uint16 (8) and int32 (4) token ids"
-        )
-    start = len(MEGATRON_HEADER) + _HEADER.size
-    need = start + sequences * (4 + 8) + documents * 8
-    if _size(path) < need:
-        raise ShardError(f"{path} holds {_size(path)} bytes, too few for {sequences} sequences; the index is truncated")
-    return dtype, int(sequences), (start, int(sequences))
-
-
+    return dtype, int(sequences), (start, int(sequences)), described
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)

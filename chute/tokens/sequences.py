@@ -46,6 +46,7 @@ from chute.errors import ShardError
 from chute.format.manifest import ShardInfo
 from chute.format.reader import check_indices, get_batch
 from chute.format.schema import ColumnType, Ragged, Schema, Tensor
+from chute.tokens._args import INT64_MAX, MAX_SEQ_LEN, integer
 from chute.tokens.source import TokenSource, token_source
 
 __all__ = ["Sequences", "sequences", "PACKINGS", "check_documents"]
@@ -99,13 +100,16 @@ def _plan(source: TokenSource, i: int, offsets: np.ndarray, seq_len: int, out: n
 class Sequences:
     """Fixed-length samples of a token source; make one with :func:`sequences`. Picklable."""
 
+    #: A batch is one native call with the GIL released, ``cu_seqlens`` (the variable-size column of
+    #: ``pack="documents"``) included: the Loader treats it as a gather (worker threads from one per core).
+    native_batches = True
+
     def __init__(self, source: TokenSource, seq_len: int, pack: str = "concat", pad_id: int = 0) -> None:
-        seq_len = int(seq_len)
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+        seq_len = integer(seq_len, "seq_len", 1, MAX_SEQ_LEN)
+        pad_id = integer(pad_id, "pad_id", -(2**63), INT64_MAX)
         if pack not in PACKINGS:
             raise ValueError(f"pack must be one of {PACKINGS}, got {pack!r}")
-        self.source, self.seq_len, self.pack, self.pad_id = source, seq_len, pack, int(pad_id)
+        self.source, self.seq_len, self.pack, self.pad_id = source, seq_len, pack, pad_id
         self.root = f"chute.tokens.sequences({source.root}, seq_len={seq_len}, pack={pack!r})"
         self.itemsize = source.dtype.itemsize
         self.starts = np.zeros(len(source.shards) + 1, dtype=np.int64)  # token offsets of the shards in the stream
@@ -212,6 +216,25 @@ class Sequences:
                 ) from None
             self._sources[i] = (tokens, offsets, plan)
 
+    def plan(self, i: int) -> np.ndarray:
+        """``pack="documents"``: shard ``i``'s plan, the token offsets (in its mapped tokens) where its sequences
+        start, then where the last one ends (mapped and planned if it was not)."""
+        if self.pack != "documents":
+            raise ValueError(f"{self.root} reads windows of the token stream; only pack='documents' has a plan")
+        while True:
+            self._map(i)
+            mapped = self._sources[i]
+            if mapped is not None:  # else unmapped meanwhile (a remote shard evicted): map again
+                return mapped[2]
+
+    def _prepare(self, indices: np.ndarray) -> bool:
+        """A batch needs shards not mapped yet: let the source prepare them together (their checksums hashed side
+        by side with the other ranks'), before they are mapped one by one."""
+        missing = [i for i in self.shards_of(indices) if self._sources[i] is None]
+        if len(missing) > 1:
+            self.source.prepare(missing)
+        return True
+
     def _unmap(self, i: int) -> None:
         self._sources[i] = None
 
@@ -219,11 +242,13 @@ class Sequences:
 
     def _read_window(self, indices: np.ndarray, outs: Sequence[np.ndarray], columnar: bool = False) -> list[Any]:
         """``pack="concat"``: windows ``indices`` into ``outs`` (input_ids, labels), one native call."""
+        prepared = False
         while True:
             try:
                 _native.tokens_window(indices, self.seq_len, self.starts, self._sources, self.itemsize, outs[0], outs[1])
                 return []
             except _native.Unmapped as missing:
+                prepared = prepared or self._prepare(indices)
                 self._map(missing.shard)
             except _native.CorruptShard as exc:
                 raise self._corrupt(exc) from None
@@ -233,6 +258,7 @@ class Sequences:
         ``[cu_seqlens]`` of the batch (its own array: the batch's user may keep it; a Python call or two per batch,
         bounded by tests/tokens/test_calls.py)."""
         cu = np.empty(outs[0].size + 1, dtype=np.int32)  # at most one segment per position, + the leading 0
+        prepared = False
         while True:
             try:
                 count = _native.tokens_packed(
@@ -241,6 +267,7 @@ class Sequences:
                 )
                 return [torch.from_numpy(cu[:count])]
             except _native.Unmapped as missing:
+                prepared = prepared or self._prepare(indices)
                 self._map(missing.shard)
             except _native.CorruptShard as exc:
                 raise self._corrupt(exc) from None

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from chute.errors import ShardError
+from chute.errors import ManifestError, ShardError
 from chute.format.manifest import ShardInfo
 from chute.tokens.writer import COLUMN, METADATA_KEY
 
@@ -59,6 +59,9 @@ class TokenSource:
     def set_on_unmap(self, callback: Any) -> None:
         """``callback(i)`` is called when shard ``i``'s mapping goes (a remote shard evicted from the cache)."""
 
+    def prepare(self, shards: list[int]) -> None:
+        """Shards ``shards`` are about to be mapped together (one batch's): do what can be done for them at once."""
+
     def shard_path(self, i: int) -> str:
         raise NotImplementedError
 
@@ -71,6 +74,13 @@ class TokenSource:
     @property
     def nbytes(self) -> int:
         return int(self.shard_tokens.sum()) * self.dtype.itemsize
+
+    def first_documents(self, counts: np.ndarray) -> np.ndarray:
+        """Per shard, the number (from 0, over all of the data) of its first document; ``counts`` are the
+        documents per shard (:attr:`shard_docs`, or counted where unknown)."""
+        first = np.zeros(len(counts), dtype=np.int64)
+        np.cumsum(counts[:-1], out=first[1:])
+        return first
 
 
 class DatasetTokens(TokenSource):
@@ -85,17 +95,10 @@ class DatasetTokens(TokenSource):
             )
         self.dataset = dataset
         self.root = dataset.root
-        self.dtype = np.dtype(meta["dtype"])
-        self.eos_id = meta.get("eos_id")
         self.shards = tuple(dataset.shards)
-        self.shard_tokens = np.asarray(meta["shard_tokens"], dtype=np.int64)
+        checked = check_metadata(meta, self.shards, dataset.schema[COLUMN], self.root)
+        self.dtype, self.eos_id, self.shard_tokens, self.packed = checked
         self.shard_docs = np.asarray([s.rows for s in self.shards], dtype=np.int64)
-        if len(self.shard_tokens) != len(self.shards):
-            raise ShardError(
-                f"dataset {self.root}: its manifest lists {len(self.shards)} shards but token counts for "
-                f"{len(self.shard_tokens)}; write the dataset again"
-            )
-        self.packed = {int(k): list(v) for k, v in (meta.get("packed") or {}).items()}
         self.cache = dataset.cache
         self._lock = threading.Lock()
         # Opening a shard must cost O(1), not a walk over its millions of document offsets: the offsets
@@ -123,6 +126,10 @@ class DatasetTokens(TokenSource):
             )
         return tokens, base, offsets
 
+    def prepare(self, shards: list[int]) -> None:
+        """Their checksums, hashed side by side with the other processes opening the dataset (Dataset.check_ahead)."""
+        self.dataset.check_ahead(shards)
+
     def set_on_unmap(self, callback: Any) -> None:
         cache = self.cache
         if cache is None:
@@ -144,6 +151,54 @@ class DatasetTokens(TokenSource):
 
     def close(self) -> None:
         self.dataset.close()
+
+
+def check_metadata(
+    meta: dict, shards: tuple[ShardInfo, ...], column: Any, root: str
+) -> tuple[np.dtype, int | None, np.ndarray, dict[int, list[int]]]:
+    """The manifest's token description, bounded before anything is sized from it: ``(dtype, eos_id, shard_tokens,
+    packed)``, or a ManifestError naming the field (a hand-edited or damaged manifest, never a MemoryError)."""
+
+    def bad(field: str, why: str) -> ManifestError:
+        return ManifestError(
+            f"dataset {root}: the manifest's metadata field {METADATA_KEY}.{field} {why}; the manifest is damaged: "
+            "write the dataset again (or restore its manifest.json)"
+        )
+
+    def count(value: Any, field: str, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+            raise bad(field, f"is {value!r}, not an integer from 0 to {high}")
+        return value
+
+    dtype = meta.get("dtype")
+    if dtype not in ("uint16", "uint32"):
+        raise bad("dtype", f"is {dtype!r}, not 'uint16' or 'uint32'")
+    if getattr(column, "dtype", dtype) != dtype:
+        raise bad("dtype", f"is {dtype!r} but the column {COLUMN!r} holds {column.dtype}")
+    numpy = np.dtype(dtype)
+    vocab = meta.get("vocab_size")
+    if vocab is not None:
+        count(vocab, "vocab_size", 2**32)
+    eos = meta.get("eos_id")
+    if eos is not None:
+        count(eos, "eos_id", (vocab if vocab else 2**32) - 1)
+    listed = meta.get("shard_tokens")
+    if not isinstance(listed, list) or len(listed) != len(shards):
+        what = f"a list of {len(listed)}" if isinstance(listed, list) else repr(type(listed).__name__)
+        raise bad("shard_tokens", f"is {what}, not a list of one token count per shard ({len(shards)})")
+    tokens = [count(n, f"shard_tokens[{i}]", s.bytes // numpy.itemsize) for i, (n, s) in enumerate(zip(listed, shards))]
+    packed: dict[int, list[int]] = {}
+    table = meta.get("packed") or {}
+    if not isinstance(table, dict):
+        raise bad("packed", f"is a {type(table).__name__}, not a mapping of sequence lengths to counts")
+    for key, counts in table.items():
+        if not (isinstance(key, str) and key.isdigit() and 1 <= int(key) < 2**31):
+            raise bad("packed", f"has the key {key!r}, not a sequence length")
+        if not isinstance(counts, list) or len(counts) != len(shards):
+            raise bad(f"packed[{key}]", f"is not a list of one sequence count per shard ({len(shards)})")
+        # a sequence holds at least one token: a count above the shard's tokens is damage, not a plan to allocate
+        packed[int(key)] = [count(c, f"packed[{key}][{i}]", tokens[i]) for i, c in enumerate(counts)]
+    return numpy, eos, np.asarray(tokens, dtype=np.int64), packed
 
 
 def token_source(data: Any) -> TokenSource:

@@ -1,8 +1,8 @@
 """``chute.tokens.convert``, in module ``chute.tokens.text``: a text corpus tokenized into a token dataset (``chute convert --tokenizer``).
 
 The corpus is read in this process as chunks of about 1 MiB of text
-(:mod:`chute.tokens._text_sources`); worker processes (or Ray actors) parse and
-tokenize the chunks (:mod:`chute.tokens._tokenize`); results come back in
+(:mod:`chute.tokens._corpus`); worker processes (or Ray actors) parse and
+tokenize the chunks (:mod:`chute.tokens._workers`); results come back in
 chunk order, so the dataset is the same bytes whatever the number of workers.
 At most two chunks per worker are in flight, so memory stays flat however big
 the corpus. This process writes the documents with :class:`chute.tokens.TokenWriter`
@@ -15,19 +15,26 @@ import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 import chute
+from chute.format.schema import ColumnType, Json, Scalar, String
 from chute.sources._parallel import OrderedPool, resolve_workers
 from chute.sources._progress import Progress
 from chute.storage.open import open_dataset
-from chute.tokens._text_sources import CHUNK_BYTES, TextSource, open_text_source
-from chute.tokens._tokenize import Tokenized, setup_worker, tokenize_chunk, tokenize_in_worker
-from chute.tokens._tokenizer import Encoder, check_picklable, encoder_eos, load_tokenizer
+from chute.tokens._corpus import CHUNK_BYTES, UNDECODABLE, ReadOptions, TextSource, open_text_source
+from chute.tokens._encoders import Encoder, check_picklable, encoder_eos, load_tokenizer
+from chute.tokens._workers import Tokenized, setup_worker, tokenize_chunk, tokenize_in_worker
 from chute.tokens.writer import TokenWriter
 
 DEFAULT_SHARD_SIZE = "128MB"
+
+
+SKIPPED_LISTED = 1000
+"""Skipped documents the manifest lists one by one (file, line or row, why); the counts are always exact."""
 
 
 @dataclasses.dataclass
@@ -37,13 +44,17 @@ class Counts:
     documents: int = 0  # documents read
     written: int = 0  # documents written
     empty: int = 0  # documents with no tokens (skipped unless keep_empty)
+    undecodable: int = 0  # documents whose bytes did not decode (skipped with errors="skip")
     tokens: int = 0  # tokens written, end-of-document tokens included
+    skipped: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)  # the first SKIPPED_LISTED
 
     def add(self, result: Tokenized, *, eos: bool) -> None:
         self.documents += result.documents
         self.empty += result.empty
+        self.undecodable += result.undecodable
         self.written += len(result.lengths)
         self.tokens += int(result.tokens.size) + (len(result.lengths) if eos else 0)
+        self.skipped += result.skipped[: max(0, SKIPPED_LISTED - len(self.skipped))]
 
     def empty_note(self, keep_empty: bool) -> str:
         """What happened to the empty documents ('' when there were none)."""
@@ -51,6 +62,21 @@ class Counts:
             return ""
         what = "kept" if keep_empty else "skipped (keep them with --keep-empty / keep_empty=True)"
         return f"{self.empty:,} of {self.documents:,} documents were empty (no tokens): {what}"
+
+    def undecodable_note(self, encoding: str) -> str:
+        """The documents skipped with errors="skip" ('' when there were none)."""
+        if not self.undecodable:
+            return ""
+        return f"{self.undecodable:,} of {self.documents:,} documents were not {encoding.upper()} text: skipped (--errors skip)"
+
+    def record(self, keep_empty: bool) -> dict[str, Any]:
+        """The manifest's record of skipped documents: counts by why, and the first ones where they were."""
+        by_why = {"empty": 0 if keep_empty else self.empty, UNDECODABLE: self.undecodable}
+        return {
+            "count": sum(by_why.values()),
+            "by_why": {why: n for why, n in by_why.items() if n},
+            "first": [{"source_file": f, "source_line": line, "why": why} for f, line, why in self.skipped],
+        }
 
 
 def convert(
@@ -74,6 +100,9 @@ def convert(
     ray: str | None = None,
     start_method: str | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    keep: Sequence[str] = (),
+    encoding: str = "utf-8",
+    errors: str = "strict",
 ) -> chute.Dataset:
     """Tokenize the text corpus ``source`` into a token dataset at ``out`` and open it.
 
@@ -97,12 +126,22 @@ def convert(
     ``ray://host:10001``) tokenizes with Ray actors instead (``workers`` of them, default
     one per CPU of the cluster; ``chute[ray]``). Either way the dataset is
     the same bytes. If anything fails, nothing valid is left at ``out``.
+
+    Every document's origin is kept: columns ``source_file`` (its file, relative to
+    ``source``) and ``source_line`` (its line in a JSON-lines file, from 1; its row in a
+    Parquet/Arrow/Hugging Face source, from 0; 0 for a ``.txt`` file). ``keep`` names
+    fields (JSON keys, columns) stored beside them as JSON values (``keep=["id", "url"]``).
+    Skipped documents are counted by why, the first 1,000 listed, in the manifest
+    (``metadata["source"]["skipped"]``). ``encoding`` is the text's (JSON lines, ``.txt``);
+    ``errors`` says what to do with bytes that do not decode: ``"strict"`` (an error naming
+    the file and line), Python's ``"replace"``, ``"ignore"``, ``"backslashreplace"``, or
+    ``"skip"`` the document (counted and recorded like an empty one).
     """
     dataset, _ = convert_counted(
         source, out, tokenizer=tokenizer, text_key=text_key, eos=eos, eos_id=eos_id, keep_empty=keep_empty, kind=kind,
         split=split, vocab_size=vocab_size, workers=workers, shard_size=shard_size, overwrite=overwrite,
         compression=compression, storage_options=storage_options, progress=progress, ray=ray,
-        start_method=start_method, chunk_bytes=chunk_bytes,
+        start_method=start_method, chunk_bytes=chunk_bytes, keep=keep, encoding=encoding, errors=errors,
     )
     return dataset
 
@@ -128,26 +167,44 @@ def convert_counted(
     ray: str | None = None,
     start_method: str | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    keep: Sequence[str] = (),
+    encoding: str = "utf-8",
+    errors: str = "strict",
 ) -> tuple[chute.Dataset, Counts]:
     """:func:`convert`, also returning what it read and wrote (``chute convert`` prints it)."""
     encoder = load_tokenizer(tokenizer, vocab_size=vocab_size)
     end = encoder_eos(encoder, eos, eos_id)
-    text = open_text_source(source, text_key=text_key, kind=kind, split=split)
+    options = ReadOptions(tuple(keep), encoding, errors)
+    text = open_text_source(source, text_key=text_key, kind=kind, split=split, options=options)
     counts = Counts()
     bar = Progress(text.documents, f"chute convert (tokenize {text.kind})", enabled=progress, unit="documents")
-    metadata = {"source": {**text.metadata(), "tokenizer": encoder.name}}
+    described = {**text.metadata(), "tokenizer": encoder.name}
+    columns: dict[str, ColumnType] = {"source_file": String(), "source_line": Scalar("int64")}
+    columns.update({name: Json() for name in options.keep})
     writer = TokenWriter(
-        out, vocab_size=encoder.vocab_size, eos_id=end, shard_size=shard_size, metadata=metadata, overwrite=overwrite,
-        compression=compression, storage_options=storage_options,
+        out, vocab_size=encoder.vocab_size, eos_id=end, shard_size=shard_size, metadata={"source": described},
+        overwrite=overwrite, compression=compression, storage_options=storage_options, columns=columns,
     )
     with bar, writer, _tokenized(text, encoder, keep_empty, workers, ray, start_method, chunk_bytes) as results:
         for result in results:
-            writer.extend(result.tokens, result.lengths)
+            _write(writer, result)
             counts.add(result, eos=end is not None)
             bar.update(result.documents)
-        if counts.empty:
-            bar.note(counts.empty_note(keep_empty))
+        for note in (counts.empty_note(keep_empty), counts.undecodable_note(options.encoding)):
+            if note:
+                bar.note(note)
+        described["skipped"] = counts.record(keep_empty)  # in the manifest the writer writes as the block ends
     return open_dataset(writer.url, storage_options=storage_options), counts
+
+
+def _write(writer: TokenWriter, result: Tokenized) -> None:
+    """A chunk's documents, their origin and kept fields (already JSON text), in one call."""
+    files = result.files
+    values: dict[str, Any] = {"source_file": files, "source_line": result.lines, **result.kept}
+    nbytes = np.fromiter((len(f) + 16 for f in files), dtype=np.int64, count=len(files))
+    for texts in result.kept.values():
+        nbytes += np.fromiter((len(t) + 8 for t in texts), dtype=np.int64, count=len(texts))
+    writer._extend_encoded(result.tokens, result.lengths, values, nbytes)
 
 
 @contextlib.contextmanager
@@ -158,7 +215,7 @@ def _tokenized(
     """The chunks of ``text`` tokenized, in order: by Ray actors, worker processes, or this process."""
     chunks = text.chunks(chunk_bytes)
     if ray is not None:
-        from chute.tokens._ray_tokenize import tokenize_on_ray
+        from chute.tokens._ray_actors import tokenize_on_ray
 
         check_picklable(encoder)
         with contextlib.closing(tokenize_on_ray(chunks, encoder, keep_empty, ray, workers or None)) as results:

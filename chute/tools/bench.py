@@ -127,7 +127,8 @@ def run(
 ) -> BenchResult:
     """Iterate a :class:`chute.Loader` over ``dataset`` until ``epochs`` passes, ``seconds`` or ``max_batches``, whichever first.
 
-    ``dataset``: a :class:`chute.Dataset`, a path or a URL (remote shards go through ``cache_dir``).
+    ``dataset``: a :class:`chute.Dataset`, a path or a URL (remote shards go through ``cache_dir``), or a view that
+    reads like one (``chute.tokens.sequences(...)``, a mixture).
     ``step_ms``: a simulated training step per batch (``time.sleep``), as ``chute tune`` uses.
     ``num_threads``, ``workers``, ``prefetch`` and ``max_count`` are those of :class:`chute.Workers`.
     """
@@ -138,7 +139,7 @@ def run(
 
     if epochs is None and seconds is None and max_batches is None:
         raise ValueError("give epochs, seconds or max_batches: a run must end")
-    ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, cache_dir=cache_dir)
+    ds = dataset if isinstance(dataset, Dataset) or hasattr(dataset, "shards") else open_dataset(dataset, cache_dir=cache_dir)
     made = time.perf_counter()
     loader = Loader(
         ds, batch_size, shuffle=shuffle, seed=seed, workers=Workers(workers, count=num_threads, prefetch=prefetch, max_count=max_count),
@@ -155,11 +156,13 @@ def run(
         while not done and (epochs is None or passes < epochs):
             passes += 1
             got = 0
-            for batch in loader:
+            left = _rows_left(loader)
+            for _batch in loader:
                 now = time.perf_counter()
                 if first_batch is None:
                     first_batch = now - made
-                n = _rows(batch)
+                n = min(batch_size, left)  # the loader's own count: every batch but a pass's last is full
+                left -= n
                 stamps.append((now - start, n))
                 samples += n
                 batches += 1
@@ -199,10 +202,18 @@ def _name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def _rows(batch: Any) -> int:
-    from chute.observe.consumer import batch_size_of
-
-    return batch_size_of(batch)
+def _rows_left(loader: Any) -> int:
+    """Rows the next pass of ``loader`` delivers on this rank: its full steps' batches, then a partial last step's
+    equal share. Counted from the loader's order, never from a batch's columns (the first tensor of a ragged column
+    is one sample's, not the batch's)."""
+    order, world, size = loader.order, loader.world_size, loader.batch_size
+    consumed = int(loader.state_dict()["consumed"])
+    steps = order.num_batches(world, consumed)
+    full = min(steps, order.full_steps(world, consumed))
+    rows = full * size
+    if steps > full:  # the last, partial step: what is left, in equal shares over the ranks
+        rows += -(-(int(order.num_rows) - consumed - full * size * world) // world)
+    return rows
 
 
 def timeline(stamps: list[tuple[float, int]], elapsed: float, bins: int = TIMELINE_BINS) -> list[tuple[float, float]]:

@@ -133,18 +133,21 @@ def check(
     batch_size: int = 256,
     prefetch: int | None = None,
     workers: int | None = None,
+    seq_len: int | None = None,
+    pack: str = "concat",
 ) -> list[Check]:
     """Every check, in the order they print. ``dataset``: a :class:`chute.Dataset` (local or remote), or None.
 
     ``batch_size``, ``prefetch`` and ``workers`` size what ``workers="processes"``
     needs in ``/dev/shm`` (defaults: the Loader's: prefetch 2 per worker, workers =
-    the usable CPUs, at most 8).
+    the usable CPUs, at most 8). A token dataset is sized from the sequences training reads
+    (``seq_len``, ``pack``: ``chute.tokens.sequences``), not from its documents.
     """
     checks = [
         Check("python", "info", f"Python {env.python} on {env.platform}"),
         _cpus(env),
         _memory(env, dataset),
-        _shm(env, dataset, batch_size, prefetch, workers),
+        _shm(env, _batches_of(dataset, seq_len, pack), batch_size, prefetch, workers),
         _open_files(env, dataset),
         _torch(env),
         _pinned(env),
@@ -210,6 +213,15 @@ def _memory(env: Environment, dataset: Any) -> Check:
     return Check("memory", "ok", found + " fits in the page cache: epochs after the first read from RAM")
 
 
+def _batches_of(dataset: Any, seq_len: int | None, pack: str) -> Any:
+    """What a Loader's batches are made of: a token dataset's sequences (``seq_len``), else the dataset itself."""
+    if dataset is None or seq_len is None:
+        return dataset
+    from chute.tokens import sequences
+
+    return sequences(dataset, seq_len, pack=pack)
+
+
 def _shm(env: Environment, dataset: Any, batch_size: int, prefetch: int | None, workers: int | None) -> Check:
     if env.shm_total is None:
         return Check("/dev/shm", "warn", "not found", "workers='processes' needs POSIX shared memory; use workers='threads'")
@@ -219,7 +231,10 @@ def _shm(env: Environment, dataset: Any, batch_size: int, prefetch: int | None, 
     if dataset is not None and len(dataset):
         batch_bytes = int(dataset.nbytes / len(dataset) * batch_size)
         need = int(prefetch * batch_bytes * 1.25)
-        found += f"; workers='processes' needs about {format_size(need)} (prefetch {prefetch} x batch {batch_size} x {format_size(batch_bytes // batch_size)}/sample, +25%)"
+        unit = "sequence" if hasattr(dataset, "seq_len") else "sample"
+        found += f"; workers='processes' needs about {format_size(need)} (prefetch {prefetch} x batch {batch_size} x {format_size(batch_bytes // batch_size)}/{unit}, +25%)"
+        if isinstance(getattr(dataset, "metadata", None), dict) and "tokens" in dataset.metadata:
+            found += " (sized from documents: pass --seq-len L to size it from the sequences training reads)"
         if env.shm_free is not None and need > env.shm_free:
             return Check(
                 "/dev/shm", "warn", found,

@@ -191,3 +191,20 @@ def test_processes_opening_a_dataset_at_once_hash_each_shard_once_in_all(tmp_pat
     chute.write(_samples(), tmp_path / "other", shard_size=600).get_batch([0])
     left = [p.name for p in (cache_dir / "verified").rglob("*") if p.is_file() and p.name != ".dir"]
     assert len(left) == 2 and sorted(n.endswith(".lock") for n in left) == [False, True], left
+
+
+def test_shards_checked_ahead_skip_the_one_another_process_is_hashing(tmp_path, cache_dir):
+    """The ranks of a job open the same shards at once: each hashes those nobody else is hashing, side by side,
+    instead of all queueing on the first; the busy one is left to its first read (which waits for that marker)."""
+    ds = chute.write(_samples(), tmp_path / "ds", shard_size=600)
+    assert len(ds.shards) >= 3
+    busy = validate._marker_path(os.path.join(ds.root, ds.shards[0].file))
+    with validate._hashing(busy) as held:  # "another process" is hashing shard 0
+        assert held
+        ds.check_ahead([0, 1, 2])
+    assert ds._checks.hashed == 2
+    assert _markers(cache_dir) == sorted(os.path.relpath(validate._marker_path(os.path.join(ds.root, ds.shards[i].file)),
+                                                         cache_dir / "verified") for i in (1, 2))
+    ds.get_batch(list(range(len(ds))))  # shard 0 is hashed by its first read; 1 and 2 are not hashed again
+    assert ds._checks.hashed == len(ds.shards)
+    assert _read_in_another_process(ds.root) == "ok"

@@ -60,3 +60,12 @@ def test_a_sequence_batch_costs_a_fixed_handful_of_python_calls(corpus, pack, ba
     assert len(view.shards) > 1 and len(view) // batch_size >= 40
     per_batch, counts = calls_per_batch(lambda: chute.Loader(view, batch_size, shuffle=True, seed=0))
     assert per_batch <= BUDGET[pack], f"{per_batch:.2f} calls per batch; per pass, the most frequent: {counts.most_common(16)}"
+
+
+def test_a_packed_view_starts_with_a_thread_per_core_like_a_concat_one(tmp_path):
+    """Both are one native call per batch with the GIL released (cu_seqlens included): the Loader starts them
+    alike, at one worker thread per core, instead of growing a packed view's one thread by probing."""
+    ds = chute.tokens.write([list(range(1, 40))] * 50, tmp_path / "ds", vocab_size=100)
+    concat = chute.Loader(chute.tokens.sequences(ds, 16), 4)
+    packed = chute.Loader(chute.tokens.sequences(ds, 16, pack="documents"), 4)
+    assert packed.num_threads == concat.num_threads == min(concat.max_threads, concat.cpu_budget)

@@ -8,9 +8,10 @@ import os
 
 import pytest
 
+import chute
 from chute.cli import main
 from chute.errors import ChuteError
-from chute.tokens.text import convert
+from chute.tokens.text import convert, convert_counted
 from tests.tokens.text_corpus import documents, expected, train_tokenizer, write_jsonl, write_parquet
 
 pytest.importorskip("tokenizers")
@@ -94,8 +95,43 @@ def test_a_txt_file_that_is_not_utf8(tmp_path, tokenizer_json):
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "a.txt").write_text("the dog")
     (tmp_path / "texts" / "b.txt").write_bytes(b"caf\xe9")
-    with pytest.raises(ChuteError, match=r"b.txt: not UTF-8 text \(byte 3"):
+    (tmp_path / "texts" / "c.txt").write_text("the fox")
+    with pytest.raises(chute.TextError, match=r"b.txt: not UTF-8 text \(byte 3.*--encoding / encoding= \(e.g. latin-1\); "
+                       r"--errors replace / errors='replace' replaces .*--errors skip / errors='skip' skips"):
         convert(tmp_path / "texts", tmp_path / "out", tokenizer=tokenizer_json, workers=0, progress=False)
+    assert not (tmp_path / "out").exists()
+    latin = convert(tmp_path / "texts", tmp_path / "latin", tokenizer=tokenizer_json, workers=0, progress=False,
+                    encoding="latin-1")
+    assert len(latin) == 3 and latin.metadata["source"]["encoding"] == "latin-1"
+    skipped, counts = convert_counted(tmp_path / "texts", tmp_path / "skip", tokenizer=tokenizer_json, workers=0,
+                                      progress=False, errors="skip")
+    assert counts.undecodable == 1 and counts.documents == 3 and counts.written == 2
+    assert [skipped[i]["source_file"] for i in range(2)] == ["a.txt", "c.txt"]
+    assert skipped.metadata["source"]["skipped"] == {
+        "count": 1, "by_why": {"not decodable": 1}, "first": [{"source_file": "b.txt", "source_line": 0, "why": "not decodable"}],
+    }
+    replaced = convert(tmp_path / "texts", tmp_path / "replace", tokenizer=tokenizer_json, workers=0, progress=False,
+                       errors="replace")
+    assert len(replaced) == 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_json_lines_that_are_not_utf8_are_skipped_and_counted(tmp_path, tokenizer_json, workers, capsys):
+    path = tmp_path / "c.jsonl"
+    with open(path, "wb") as f:
+        f.write(b'{"text": "the dog"}\n{"text": "caf\xe9"}\n\n{"text": "the fox"}\n')
+    with pytest.raises(chute.TextError, match=r"c.jsonl line 2: not UTF-8 text \(byte 13"):
+        convert(path, tmp_path / "out", tokenizer=tokenizer_json, workers=workers, progress=False)
+    assert main(["convert", str(path), str(tmp_path / "out"), "--tokenizer", tokenizer_json, "--errors", "skip",
+                 "--workers", str(workers)]) == 0
+    assert "1 of 3 documents were not UTF-8 text: skipped (--errors skip)" in capsys.readouterr().out
+    ds = chute.open(tmp_path / "out")
+    assert [ds[i]["source_line"] for i in range(len(ds))] == [1, 4]
+    assert ds.metadata["source"]["skipped"]["first"] == [{"source_file": "c.jsonl", "source_line": 2, "why": "not decodable"}]
+    with pytest.raises(ChuteError, match="errors must be one of strict, replace, ignore, backslashreplace, skip"):
+        convert(path, tmp_path / "out", tokenizer=tokenizer_json, errors="nope", progress=False)
+    with pytest.raises(ChuteError, match="unknown text encoding 'klingon'"):
+        convert(path, tmp_path / "out", tokenizer=tokenizer_json, encoding="klingon", progress=False)
 
 
 def test_sources_and_tokenizers_that_are_not(tmp_path, tokenizer_json):

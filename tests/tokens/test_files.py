@@ -103,3 +103,28 @@ def test_damaged_megatron_index_is_named(tmp_path):
     (tmp_path / "c.idx").write_bytes(bytes(data))
     with pytest.raises(chute.ShardError, match="c.idx is not a Megatron-LM index"):
         chute.tokens.megatron(tmp_path / "c")
+
+
+def test_a_document_of_megatron_and_flat_files_by_index(tmp_path):
+    parts = [docs_of(7, 3), docs_of(5, 4)]
+    for k, docs in enumerate(parts):
+        write_megatron(tmp_path / f"p{k}", docs)
+    source = chute.tokens.megatron([tmp_path / "p0", tmp_path / "p1"])
+    every = [d for docs in parts for d in docs]
+    assert len(source) == 12 and [source[i].tolist() for i in range(12)] == every
+    assert source[-1].tolist() == every[-1] and source[np.int64(7)].tolist() == every[7]
+    with pytest.raises(IndexError, match="document 12 is out of range for .*p0 .* of 12 documents"):
+        source[12]
+    with pytest.raises(TypeError, match="document indices must be integers, not float"):
+        source[1.0]
+    np.save(tmp_path / "flat.npy", np.array([1, 2, 0, 3, 0, 4], dtype=np.uint16))
+    flat = chute.tokens.flat(tmp_path / "flat.npy", eos_id=0)
+    assert len(flat) == 3 and [flat[i].tolist() for i in range(3)] == [[1, 2, 0], [3, 0], [4]]
+
+
+def test_views_of_different_seq_len_do_not_mix_and_the_error_names_the_fix(tmp_path):
+    write_megatron(tmp_path / "m", docs_of(40, 5))
+    source = chute.tokens.megatron(tmp_path / "m")
+    with pytest.raises(chute.SchemaError, match=r"one seq_len and packing \('a' seq_len=16 pack='concat', 'b' seq_len=32 "
+                       r"pack='concat'\): make each view with the same ones, e.g. chute.tokens.sequences\(data, 32"):
+        chute.mix({"a": chute.tokens.sequences(source, 16), "b": chute.tokens.sequences(source, 32)}, weights={"a": 1, "b": 1})

@@ -54,7 +54,7 @@ def test_which_names_the_tokens_each_rank_read_at_a_step(corpus, pack, world_siz
     ds, docs = corpus
     view = chute.tokens.sequences(ds, 16, pack=pack, pad_id=-1)
     step = 2
-    ranks = chute.tokens.which(ds, step, 4, seq_len=16, pack=pack, world_size=world_size, seed=8)
+    ranks = chute.tokens.which(ds, step, 4, seq_len=16, pack=pack, world_size=world_size, seed=8, shuffle=True)
     assert len(ranks) == world_size
     for rank, pieces in enumerate(ranks):
         loader = chute.Loader(view, 4, shuffle=True, seed=8, rank=rank, world_size=world_size, workers=1)

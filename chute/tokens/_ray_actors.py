@@ -15,9 +15,9 @@ from collections.abc import Generator, Iterable
 from typing import Any
 
 from chute.errors import ChuteError
-from chute.tokens._text_sources import Chunk
-from chute.tokens._tokenize import Tokenized, tokenize_chunk
-from chute.tokens._tokenizer import Encoder
+from chute.tokens._corpus import Chunk
+from chute.tokens._encoders import Encoder
+from chute.tokens._workers import Tokenized, tokenize_chunk
 
 
 class _Tokenizer:

@@ -34,11 +34,11 @@ import json
 import lzma
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from chute.errors import ChuteError
+from chute.errors import ChuteError, TextError
 
 CHUNK_BYTES = 1 << 20
 """Text per chunk handed to a worker: big enough that pickling is noise, small enough to spread the work."""
@@ -51,8 +51,51 @@ HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 KINDS = ("jsonl", "arrow", "hf", "txt")
 
 
-class TextError(ChuteError):
-    """A document cannot be read as text: a missing key, a value that is not a string, bad JSON or UTF-8."""
+ERRORS = ("strict", "replace", "ignore", "backslashreplace", "skip")
+"""What to do with bytes that do not decode: Python's error handlers, or ``skip`` the document (counted, recorded)."""
+
+UNDECODABLE = "not decodable"
+"""Why a document skipped with ``errors="skip"`` was skipped (the manifest's record of skipped documents)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """How documents are read: the fields kept beside the text, the text's encoding and what to do with bad bytes."""
+
+    keep: tuple[str, ...] = ()
+    encoding: str = "utf-8"
+    errors: str = "strict"
+
+    def decode(self, data: bytes, where: str) -> str | None:
+        """``data`` as text; None when it does not decode and ``errors="skip"``; else a TextError saying what to do."""
+        try:
+            return data.decode(self.encoding, "strict" if self.errors == "skip" else self.errors)
+        except UnicodeDecodeError as exc:
+            if self.errors == "skip":
+                return None
+            raise TextError(
+                f"{where}: not {self.encoding.upper()} text (byte {exc.start}: {exc.reason}); if the corpus is in another "
+                f"encoding name it with --encoding / encoding= (e.g. latin-1); --errors replace / errors='replace' "
+                "replaces what does not decode with U+FFFD, --errors skip / errors='skip' skips such documents "
+                "(counted, and recorded in the dataset's metadata)"
+            ) from None
+
+
+@dataclasses.dataclass
+class Documents:
+    """What a chunk holds: the texts of its documents, where each is (its file, and its line or row) and its kept
+    fields; and the documents that could not be read (``skipped``: file, line or row, why)."""
+
+    texts: list[str]
+    files: list[str]  # as recorded (relative to the corpus given)
+    lines: list[int]
+    kept: dict[str, list[Any]]
+    skipped: list[tuple[str, int, str]]
+    paths: list[str]  # as messages name them (the files as given)
+
+    def place(self, i: int, kind: str) -> str:
+        """Where document ``i`` is, as messages name it."""
+        return origin(self.paths[i], self.lines[i], kind)
 
 
 # --------------------------------------------------------------------------- chunks (picklable)
@@ -60,20 +103,29 @@ class TextError(ChuteError):
 
 @dataclasses.dataclass
 class JsonLines:
-    """Lines ``first_line, first_line + 1, ...`` (1-based) of a JSON-lines file, as bytes."""
+    """Lines ``first_line, first_line + 1, ...`` (1-based) of a JSON-lines file, as bytes (``name``: the file as
+    recorded in the dataset, relative to the corpus given)."""
 
     path: str
+    name: str
     first_line: int
     lines: list[bytes]
     key: str
+    options: ReadOptions = ReadOptions()
+    kind: ClassVar[str] = "jsonl"
 
-    def texts(self) -> list[str]:
-        texts = []
+    def read(self) -> Documents:
+        out = Documents([], [], [], {k: [] for k in self.options.keep}, [], [])
         for i, line in enumerate(self.lines):
             if not line.strip():  # a blank line (often the last) is no document
                 continue
+            number = self.first_line + i
+            text = self.options.decode(line, self._line(i))
+            if text is None:
+                out.skipped.append((self.name, number, UNDECODABLE))
+                continue
             try:
-                record = json.loads(line)
+                record = json.loads(text)
             except ValueError as exc:
                 raise TextError(f"{self._line(i)}: not valid JSON ({exc}); each line must be one JSON object") from None
             if not isinstance(record, dict):
@@ -81,16 +133,16 @@ class JsonLines:
             if self.key not in record:
                 keys = ", ".join(repr(k) for k in list(record)[:10]) or "none"
                 raise TextError(f"{self._line(i)}: no {self.key!r} key (its keys: {keys}); name the text's key with --text-key")
-            text = record[self.key]
-            if not isinstance(text, str):
-                raise TextError(f"{self._line(i)}: {self.key!r} is a JSON {_json_type(text)}, not a string")
-            texts.append(text)
-        return texts
-
-    def origin(self, i: int) -> str:
-        """Where document ``i`` of the chunk is (blank lines hold none)."""
-        lines = [n for n, line in enumerate(self.lines) if line.strip()]
-        return self._line(lines[i])
+            value = record[self.key]
+            if not isinstance(value, str):
+                raise TextError(f"{self._line(i)}: {self.key!r} is a JSON {_json_type(value)}, not a string")
+            out.texts.append(value)
+            out.files.append(self.name)
+            out.paths.append(self.path)
+            out.lines.append(number)
+            for k in self.options.keep:
+                out.kept[k].append(record.get(k))  # a line without the field keeps null
+        return out
 
     def _line(self, n: int) -> str:
         return f"{self.path} line {self.first_line + n}"
@@ -98,45 +150,60 @@ class JsonLines:
 
 @dataclasses.dataclass
 class ArrowTexts:
-    """Rows ``first_row, ...`` (0-based) of a string column of ``where``."""
+    """Rows ``first_row, ...`` (0-based) of a string column of ``where`` (and the ``kept`` columns' same rows)."""
 
     where: str
+    name: str
     column: str
     first_row: int
     array: pa.Array
+    kept: dict[str, pa.Array] = dataclasses.field(default_factory=dict)
+    kind: ClassVar[str] = "arrow"
 
-    def texts(self) -> list[str]:
+    def read(self) -> Documents:
         if self.array.null_count:
             row = self.first_row + self.array.is_null().to_pylist().index(True)
             raise TextError(f"{self.where} row {row}: column {self.column!r} is null, not a string")
-        return self.array.to_pylist()
-
-    def origin(self, i: int) -> str:
-        return f"{self.where} row {self.first_row + i}"
+        texts = self.array.to_pylist()
+        kept = {k: a.to_pylist() for k, a in self.kept.items()}
+        rows = list(range(self.first_row, self.first_row + len(texts)))
+        return Documents(texts, [self.name] * len(texts), rows, kept, [], [self.where] * len(texts))
 
 
 @dataclasses.dataclass
 class TextFiles:
-    """Whole ``.txt`` files, one document each."""
+    """Whole ``.txt`` files, one document each (``names``: as recorded, relative to the corpus given)."""
 
     paths: list[str]
+    names: list[str]
+    options: ReadOptions = ReadOptions()
+    kind: ClassVar[str] = "txt"
 
-    def texts(self) -> list[str]:
-        texts = []
-        for path in self.paths:
+    def read(self) -> Documents:
+        out = Documents([], [], [], {}, [], [])
+        for path, name in zip(self.paths, self.names):
             with open(path, "rb") as f:
-                data = f.read()
-            try:
-                texts.append(data.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise TextError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-        return texts
-
-    def origin(self, i: int) -> str:
-        return self.paths[i]
+                text = self.options.decode(f.read(), path)
+            if text is None:
+                out.skipped.append((name, 0, UNDECODABLE))
+                continue
+            out.texts.append(text)
+            out.files.append(name)
+            out.paths.append(path)
+            out.lines.append(0)
+        return out
 
 
 Chunk = JsonLines | ArrowTexts | TextFiles
+
+
+def origin(file: str, line: int, kind: str) -> str:
+    """A document's place as messages name it: ``corpus.jsonl line 41``, ``corpus.parquet row 3``, ``texts/a.txt``."""
+    if kind == "jsonl":
+        return f"{file} line {line}"
+    if kind == "txt":
+        return file
+    return f"{file} row {line}"
 
 
 def _json_type(value: Any) -> str:
@@ -150,7 +217,10 @@ def _json_type(value: Any) -> str:
 
 @dataclasses.dataclass
 class TextSource:
-    """A corpus: its kind, what it is made of (for metadata), its document count if known, and its chunks."""
+    """A corpus: its kind, what it is made of (for metadata), its document count if known, and its chunks.
+
+    ``base`` is the folder the files are named from in the dataset (the folder given, or the files' common folder):
+    a document's recorded file is its path relative to it, never an absolute path of this machine."""
 
     kind: str
     files: list[str]
@@ -158,46 +228,94 @@ class TextSource:
     text_key: str
     dataset: Any = None  # a datasets.Dataset (kind "hf")
     where: str = ""
+    base: str = ""
+    options: ReadOptions = ReadOptions()
+
+    def name(self, path: str) -> str:
+        return os.path.relpath(path, self.base).replace(os.sep, "/") if self.base else os.path.basename(path)
 
     def chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
         """The source's documents as chunks of about ``chunk_bytes`` of text, in order."""
         chunk_bytes = max(1, int(chunk_bytes))
+        columns = [self.text_key, *self.options.keep]
         if self.kind == "jsonl":
             for path in self.files:
-                yield from _jsonl_chunks(path, self.text_key, chunk_bytes)
+                yield from _jsonl_chunks(path, self.name(path), self.text_key, chunk_bytes, self.options)
         elif self.kind == "txt":
-            yield from _txt_chunks(self.files, chunk_bytes)
+            yield from _txt_chunks(self.files, [self.name(p) for p in self.files], chunk_bytes, self.options)
         elif self.kind == "arrow":
             from chute.sources.arrow import ArrowFile
 
             for path in self.files:
                 file = ArrowFile.open(path)
-                yield from _arrow_chunks(file.batches([self.text_key]), path, self.text_key, chunk_bytes)
+                yield from _arrow_chunks(file.batches(columns), path, self.name(path), columns, chunk_bytes)
         else:
             from chute.sources.hf import _batches
 
-            yield from _arrow_chunks(_batches(self.dataset, [self.text_key]), self.where, self.text_key, chunk_bytes)
+            yield from _arrow_chunks(_batches(self.dataset, columns), self.where, self.where_name, columns, chunk_bytes)
+
+    @property
+    def where_name(self) -> str:
+        """A Hugging Face dataset as recorded: its folder's name (or the split), never an absolute path."""
+        return os.path.basename(os.path.normpath(self.files[0])) if self.files else self.where
 
     def metadata(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"kind": self.kind, "text_key": self.text_key}
+        if self.options.keep:
+            meta["keep"] = list(self.options.keep)
+        if self.options.encoding != "utf-8" or self.options.errors != "strict":
+            meta["encoding"], meta["errors"] = self.options.encoding, self.options.errors
         if self.files:
             meta["file_count"] = len(self.files)
-            meta["files"] = [os.path.basename(f) for f in self.files[:1000]]  # the first 1,000: a manifest stays small
+            meta["files"] = [self.name(f) for f in self.files[:1000]]  # the first 1,000: a manifest stays small
         return meta
 
 
-def open_text_source(src: Any, *, text_key: str = "text", kind: str | None = None, split: str | None = None) -> TextSource:
+def open_text_source(
+    src: Any, *, text_key: str = "text", kind: str | None = None, split: str | None = None,
+    options: ReadOptions = ReadOptions(),
+) -> TextSource:
     """The text corpus at ``src`` (a path, a glob, a list of paths, or a ``datasets.Dataset``), checked up front:
-    files exist, Parquet/Arrow/HF column ``text_key`` exists and holds strings."""
+    files exist, Parquet/Arrow/HF column ``text_key`` (and the kept columns) exist and hold strings."""
     if kind is not None and kind not in KINDS:
         raise ChuteError(f"unknown text source kind {kind!r}; use one of {', '.join(KINDS)}")
+    _check_options(options, text_key)
+    source = _open(src, text_key, kind, split, options.keep)
+    if source.kind == "txt" and options.keep:
+        raise ChuteError(f"{_name(src)}: --keep / keep= names fields of JSON lines or columns of Parquet, Arrow and "
+                         "Hugging Face datasets; a .txt file is one document with no fields (its file is recorded anyway)")
+    source.options = options
+    if source.files and not source.base and not (isinstance(src, (str, os.PathLike)) and os.path.isfile(src)):
+        given = os.fspath(src) if isinstance(src, (str, os.PathLike)) else ""
+        source.base = given if given and os.path.isdir(given) else os.path.commonpath(
+            [os.path.dirname(os.path.abspath(f)) for f in source.files]
+        )
+    return source
+
+
+def _check_options(options: ReadOptions, text_key: str) -> None:
+    import codecs
+
+    if options.errors not in ERRORS:
+        raise ChuteError(f"errors must be one of {', '.join(ERRORS)}, got {options.errors!r}")
+    try:
+        codecs.lookup(options.encoding)
+    except LookupError:
+        raise ChuteError(f"unknown text encoding {options.encoding!r} (--encoding / encoding=); e.g. utf-8, latin-1, cp1252") from None
+    reserved = [k for k in options.keep if k in (text_key, "tokens", "source_file", "source_line")]
+    if reserved or len(set(options.keep)) != len(options.keep):
+        raise ChuteError(f"--keep / keep= names {list(options.keep)}: each field once, and not the text's key nor "
+                         "'tokens', 'source_file' or 'source_line' (the dataset's own columns)")
+
+
+def _open(src: Any, text_key: str, kind: str | None, split: str | None, keep: Sequence[str]) -> TextSource:
     if not isinstance(src, (str, os.PathLike, list, tuple)):
         if type(src).__module__.startswith("datasets"):
-            return _hf_source(src, text_key, split)
+            return _hf_source(src, text_key, split, keep)
         raise ChuteError(f"cannot read text from a {type(src).__name__}; pass a path (or a datasets.Dataset)")
     if isinstance(src, (str, os.PathLike)) and os.path.isdir(src) and kind in (None, "hf"):
         if kind == "hf" or any(os.path.exists(os.path.join(src, m)) for m in HF_MARKERS):
-            return _hf_source(src, text_key, split)
+            return _hf_source(src, text_key, split, keep)
     files = _list_files(src, split)
     if kind is None:
         kinds = _kinds(files)
@@ -215,7 +333,7 @@ def open_text_source(src: Any, *, text_key: str = "text", kind: str | None = Non
         kind = kinds.pop()
     files = [f for f in files if _kind_of(f) == kind] if len(files) > 1 else files
     if kind == "arrow":
-        return _arrow_source(files, text_key)
+        return _arrow_source(files, text_key, keep)
     return TextSource(kind, files, len(files) if kind == "txt" else None, text_key)
 
 
@@ -281,28 +399,32 @@ def _check_text_type(dtype: pa.DataType, column: str, where: str) -> None:
         raise TextError(f"{where}: column {column!r} holds {dtype}, not text (strings); choose the text column with --text-key")
 
 
-def _arrow_source(files: list[str], text_key: str) -> TextSource:
+def _arrow_source(files: list[str], text_key: str, keep: Sequence[str]) -> TextSource:
     from chute.sources.arrow import ArrowFile
 
     rows = 0
     for path in files:
         file = ArrowFile.open(path)
-        if text_key not in file.schema.names:
-            raise TextError(f"{path} has no column {text_key!r} (its columns: {', '.join(file.schema.names)}); name the text column with --text-key")
+        for column in (text_key, *keep):
+            if column not in file.schema.names:
+                option = "name the text column with --text-key" if column == text_key else "--keep names columns to keep"
+                raise TextError(f"{path} has no column {column!r} (its columns: {', '.join(file.schema.names)}); {option}")
         _check_text_type(file.schema.field(text_key).type, text_key, path)
         rows += file.rows
     return TextSource("arrow", files, rows, text_key)
 
 
-def _hf_source(src: Any, text_key: str, split: str | None) -> TextSource:
+def _hf_source(src: Any, text_key: str, split: str | None, keep: Sequence[str]) -> TextSource:
     from chute.sources.hf import load_hf
 
     dataset, where, _ = load_hf(src, split)
-    if text_key not in dataset.column_names:
-        raise TextError(f"{where} has no column {text_key!r} (its columns: {', '.join(dataset.column_names)}); name the text column with --text-key")
+    for column in (text_key, *keep):
+        if column not in dataset.column_names:
+            option = "name the text column with --text-key" if column == text_key else "--keep names columns to keep"
+            raise TextError(f"{where} has no column {column!r} (its columns: {', '.join(dataset.column_names)}); {option}")
     _check_text_type(dataset.data.schema.field(text_key).type, text_key, where)
     files = [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else []
-    return TextSource("hf", files, len(dataset), text_key, dataset=dataset.select_columns([text_key]), where=where)
+    return TextSource("hf", files, len(dataset), text_key, dataset=dataset.select_columns([text_key, *keep]), where=where)
 
 
 # --------------------------------------------------------------------------- readers
@@ -327,7 +449,7 @@ def _open_text_file(path: str) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _jsonl_chunks(path: str, key: str, chunk_bytes: int) -> Iterator[JsonLines]:
+def _jsonl_chunks(path: str, name: str, key: str, chunk_bytes: int, options: ReadOptions) -> Iterator[JsonLines]:
     lines: list[bytes] = []
     size = 0
     first = 1
@@ -337,7 +459,7 @@ def _jsonl_chunks(path: str, key: str, chunk_bytes: int) -> Iterator[JsonLines]:
                 lines.append(line)
                 size += len(line)
                 if size >= chunk_bytes:
-                    yield JsonLines(path, first, lines, key)
+                    yield JsonLines(path, name, first, lines, key, options)
                     lines, size, first = [], 0, number + 1
     except (OSError, EOFError, lzma.LZMAError) as exc:
         if isinstance(exc, OSError) and exc.filename is not None:
@@ -348,38 +470,50 @@ def _jsonl_chunks(path: str, key: str, chunk_bytes: int) -> Iterator[JsonLines]:
             raise TextError(f"{path}: cannot decompress it ({exc}); is the file complete?") from None
         raise
     if lines:
-        yield JsonLines(path, first, lines, key)
+        yield JsonLines(path, name, first, lines, key, options)
 
 
-def _txt_chunks(paths: Sequence[str], chunk_bytes: int) -> Iterator[TextFiles]:
-    group: list[str] = []
+def _txt_chunks(paths: Sequence[str], names: Sequence[str], chunk_bytes: int, options: ReadOptions) -> Iterator[TextFiles]:
+    group: list[int] = []
     size = 0
-    for path in paths:
-        group.append(path)
+    for i, path in enumerate(paths):
+        group.append(i)
         size += os.path.getsize(path)
         if size >= chunk_bytes:
-            yield TextFiles(group)
+            yield TextFiles([paths[j] for j in group], [names[j] for j in group], options)
             group, size = [], 0
     if group:
-        yield TextFiles(group)
+        yield TextFiles([paths[j] for j in group], [names[j] for j in group], options)
 
 
-def _arrow_chunks(batches: Iterator[pa.RecordBatch], where: str, column: str, chunk_bytes: int) -> Iterator[ArrowTexts]:
-    pending: list[pa.Array] = []
+def _arrow_chunks(
+    batches: Iterator[pa.RecordBatch], where: str, name: str, columns: Sequence[str], chunk_bytes: int
+) -> Iterator[ArrowTexts]:
+    """Chunks of the text column ``columns[0]`` (and the kept ``columns[1:]``) of about ``chunk_bytes`` of text."""
+    column, keep = columns[0], list(columns[1:])
+    pending: list[pa.RecordBatch] = []
     size = first = row = 0
+
+    def chunk() -> ArrowTexts:
+        # a copy (concat): a pickled slice would carry the whole batch's buffers
+        table = pa.Table.from_batches(pending).combine_chunks()
+        arrays = {c: table.column(c).chunk(0) if table.column(c).num_chunks else pa.array([], table.schema.field(c).type)
+                  for c in columns}
+        return ArrowTexts(where, name, column, first, arrays[column], {k: arrays[k] for k in keep})
+
     for batch in batches:
-        array = batch.column(batch.schema.get_field_index(column))
+        batch = batch.select(list(columns))
+        array = batch.column(0)
         per_row = max(1, array.nbytes // max(1, len(array)))
         start = 0
         while start < len(array):
             take = min(len(array) - start, max(1, (chunk_bytes - size) // per_row))
-            pending.append(array.slice(start, take))
+            pending.append(batch.slice(start, take))
             size += take * per_row
             start += take
             row += take
             if size >= chunk_bytes:
-                # a copy (concat): a pickled slice would carry the whole batch's buffers
-                yield ArrowTexts(where, column, first, pa.concat_arrays(pending))
+                yield chunk()
                 pending, size, first = [], 0, row
     if pending:
-        yield ArrowTexts(where, column, first, pa.concat_arrays(pending))
+        yield chunk()

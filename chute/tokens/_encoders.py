@@ -1,8 +1,12 @@
-"""Tokenizers for ``chute convert --tokenizer``: one small interface over three kinds.
+"""Tokenizers for ``chute convert --tokenizer``: one small interface over four kinds.
 
 * a Hugging Face ``tokenizer.json`` (a path, or a ``tokenizers.Tokenizer``): the
   ``tokenizers`` package, ``encode_batch`` with the tokenizer's own defaults (so
-  a post-processor that adds BOS adds it here too);
+  a post-processor that adds BOS adds it here too); a folder saved by
+  transformers' ``save_pretrained`` names its end token in ``tokenizer_config.json``;
+* a transformers tokenizer object (API only): a fast one (``PreTrainedTokenizerFast``)
+  through its Rust ``backend_tokenizer`` as above, its end token ``eos_token_id``;
+  a slow one through its own batch call;
 * a tiktoken encoding (a name such as ``cl100k_base``, or a ``tiktoken.Encoding``):
   ``encode_ordinary_batch`` (special tokens written in the text stay text);
 * a Python callable ``fn(text) -> sequence of int`` (API only).
@@ -54,6 +58,8 @@ class Encoder:
             return [encoding.ids for encoding in encode_batch(texts)]
         if self.kind == "tiktoken":
             return self.impl.encode_ordinary_batch(texts)
+        if self.kind == "transformers":  # a slow (Python) transformers tokenizer: its own batch call
+            return self.impl(texts, add_special_tokens=True)["input_ids"]
         return [self.impl(text) for text in texts]
 
 
@@ -91,6 +97,8 @@ def _load(spec: Any) -> Encoder:
             raise ChuteError(f"tokenizer file {text} does not exist")
         return _tiktoken_by_name(text)
     module = type(spec).__module__.split(".")[0]
+    if module == "transformers" or hasattr(spec, "backend_tokenizer") or hasattr(spec, "eos_token_id") and hasattr(spec, "convert_tokens_to_ids"):
+        return _transformers(spec)
     if module == "tokenizers":
         return _hf(spec, f"tokenizers.Tokenizer ({spec.get_vocab_size(with_added_tokens=True)} tokens)")
     if module in ("tiktoken", "tiktoken_ext"):
@@ -99,8 +107,9 @@ def _load(spec: Any) -> Encoder:
         name = getattr(spec, "__qualname__", None) or type(spec).__name__
         return Encoder(f"tokenizer function {getattr(spec, '__module__', '?')}.{name}", "callable", spec, None, None)
     raise ChuteError(
-        f"cannot use a {type(spec).__name__} as a tokenizer; pass a path to a tokenizer.json, a tiktoken encoding "
-        "name (e.g. cl100k_base), a tokenizers.Tokenizer, a tiktoken.Encoding, or a function text -> token ids"
+        f"cannot use a {type(spec).__name__} as a tokenizer; pass a path to a tokenizer.json (or its folder), a "
+        "tiktoken encoding name (e.g. cl100k_base), a transformers tokenizer, a tokenizers.Tokenizer, a "
+        "tiktoken.Encoding, or a function text -> token ids"
     )
 
 
@@ -117,7 +126,43 @@ def _hf_from_file(path: str) -> Encoder:
         tokenizer = tokenizers.Tokenizer.from_file(path)
     except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
         raise ChuteError(f"{path} is not a Hugging Face tokenizer.json the tokenizers package can read ({exc})") from None
-    return _hf(tokenizer, f"tokenizer {path}")
+    encoder = _hf(tokenizer, f"tokenizer {path}")
+    named = _config_eos(os.path.join(os.path.dirname(path), "tokenizer_config.json"))
+    if named is not None:  # a save_pretrained folder names its end token: that one, as transformers would
+        token = tokenizer.token_to_id(named)
+        if token is not None:
+            encoder.eos_id = int(token)
+    return encoder
+
+
+def _config_eos(path: str) -> str | None:
+    """The ``eos_token`` a transformers ``tokenizer_config.json`` names, if the file exists and names one."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    eos = config.get("eos_token") if isinstance(config, dict) else None
+    if isinstance(eos, dict):  # an AddedToken written out
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else None
+
+
+def _transformers(tokenizer: Any) -> Encoder:
+    """A transformers tokenizer: a fast one encodes through its Rust tokenizer (``backend_tokenizer``, the same ids
+    as ``tokenizer(texts)["input_ids"]``, its special tokens included); a slow one through its own batch call.
+    The end token is its ``eos_token_id``; the vocabulary ``len(tokenizer)`` (added tokens included)."""
+    name = f"transformers {type(tokenizer).__name__} ({getattr(tokenizer, 'name_or_path', '') or 'in memory'})"
+    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = int(eos) if isinstance(eos, int) and not isinstance(eos, bool) else None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        encoder = _hf(backend, name)
+        size = max(int(len(tokenizer)), encoder.vocab_size or 0)
+        return Encoder(name, "hf", backend, size, eos)
+    return Encoder(name, "transformers", tokenizer, int(len(tokenizer)), eos)
 
 
 def _hf(tokenizer: Any, name: str) -> Encoder:
