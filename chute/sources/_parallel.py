@@ -24,6 +24,7 @@ import concurrent.futures
 import multiprocessing
 import os
 import select
+import selectors
 import signal
 import threading
 import time
@@ -80,6 +81,13 @@ def _exit_with(parent: int) -> None:
     os._exit(1)  # not sys.exit: the main thread may be blocked in a read of the source
 
 
+def _wait_readable(fd: int, timeout: float | None = None) -> bool:
+    """Wait until ``fd`` is readable (poll: select() fails for descriptors past 1024)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        return bool(selector.select(timeout))
+
+
 def _wait_for_exit(pid: int) -> None:
     if os.getppid() != pid:
         return  # it died before we started watching (we were handed to another parent)
@@ -93,7 +101,7 @@ def _wait_for_exit(pid: int) -> None:
         if fd is not None:
             try:
                 if os.getppid() == pid:  # still ours: the pidfd names the right process
-                    select.select([fd], [], [])
+                    _wait_readable(fd)
             finally:
                 os.close(fd)
             return

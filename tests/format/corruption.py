@@ -21,7 +21,7 @@ import collections
 import json
 import os
 import random
-import select
+import selectors
 import shutil
 import subprocess
 import sys
@@ -173,7 +173,9 @@ def fuzz(pristine: str, cases: list[tuple[str, int, int]], *, verify: bool = Tru
         current, deadline = None, time.monotonic() + start_timeout
         try:
             while True:
-                ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+                with selectors.DefaultSelector() as selector:  # not select(): the suite may hold descriptors past 1024
+                    selector.register(proc.stdout, selectors.EVENT_READ)
+                    ready = selector.select(max(0.0, deadline - time.monotonic()))
                 if not ready:  # no answer in time: the case hangs (or the child never started)
                     if current is None:
                         raise RuntimeError(f"the corruption child did not start: {proc.stderr.read() if proc.poll() is not None else ''}")

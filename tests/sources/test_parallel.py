@@ -100,14 +100,14 @@ def _children(pid: int) -> list[int]:
 
 def _exited_within(pid: int, seconds: float) -> bool:
     """Block until process ``pid`` exits (a process file descriptor: a wait, not a poll), at most ``seconds``."""
-    import select
+    from chute.sources._parallel import _wait_readable
 
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return True
     try:
-        return bool(select.select([fd], [], [], seconds)[0])
+        return _wait_readable(fd, seconds)
     finally:
         os.close(fd)
 
@@ -157,3 +157,26 @@ def test_reader_processes_exit_when_convert_is_killed(tmp_path, start_method):
             with contextlib.suppress(OSError):
                 os.close(os.open(stuck, os.O_RDONLY | os.O_NONBLOCK))
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_reader_waits_on_a_descriptor_past_1024():
+    """A reader forked from a process holding many files inherits them: its wait on the parent's pidfd gets a
+    descriptor past 1024, which select() refuses (ValueError) and poll takes."""
+    import resource
+
+    from chute.sources._parallel import _wait_readable
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"the hard limit on open files ({hard}) is below 1100")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    read, write = os.pipe()
+    try:
+        high = os.dup2(read, 1050)
+        assert not _wait_readable(high, 0)
+        os.write(write, b"x")
+        assert _wait_readable(high, 5)
+        os.close(high)
+    finally:
+        os.close(read), os.close(write)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
