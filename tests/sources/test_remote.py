@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pickle
+import shutil
+import tempfile
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import chute
 from chute.cli import main
@@ -81,3 +85,40 @@ def test_a_missing_remote_file_is_named(http_server, tmp_path, capsys):
     code = main(["convert", f"{base}/index.csv", str(tmp_path / "out"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 1 and "files/0.json does not exist" in err and f"{base}/files/0.json" in err
+
+
+def test_a_source_file_over_the_read_limit_is_refused_naming_the_setting(http_server, tmp_path, capsys, monkeypatch):
+    root, base = http_server.root, http_server.url.rstrip("/")
+    (root / "files").mkdir()
+    (root / "files" / "0.json").write_text(json.dumps({"x": "y" * 4000}))
+    (root / "index.csv").write_text("path\nfiles/0.json\n")
+    monkeypatch.setenv("CHUTE_SOURCE_READ_LIMIT", "2KiB")
+    code = main(["convert", f"{base}/index.csv", str(tmp_path / "out"), "--workers", "0", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"{base}/files/0.json is larger than 2.0 KiB" in err and "CHUTE_SOURCE_READ_LIMIT" in err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("how", ["no-length", "huge-length"])
+def test_a_source_copy_stops_at_the_size_the_server_gave_and_is_retried(http_server, tmp_path, how, monkeypatch):
+    root, base = http_server.root, http_server.url.rstrip("/")
+    (root / "a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in LINES))
+    http_server.oversend("a.jsonl", extra=64 << 20, how=how, times=1)
+    copies = []
+    real = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: copies.append(real(**kw)) or copies[-1])
+    ds = convert(f"{base}/a.jsonl", tmp_path / "lines", progress=False)
+    _check_lines(ds)
+    assert http_server.log.count("a.jsonl") == 2  # the over-sent body, then a whole one
+    assert copies and not any(os.path.exists(c) for c in copies)
+
+
+def test_a_source_copy_that_would_fill_the_disk_is_refused_before_it_starts(http_server, tmp_path, monkeypatch):
+    from chute.sources import _remote
+
+    root, base = http_server.root, http_server.url.rstrip("/")
+    (root / "a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in LINES))
+    monkeypatch.setattr(_remote, "DISK_RESERVE", shutil.disk_usage(tempfile.gettempdir()).free)
+    with pytest.raises(chute.ChuteError, match="would leave less than .* free on that disk .* point TMPDIR at a disk with room"):
+        convert(f"{base}/a.jsonl", tmp_path / "lines", progress=False)
+    assert http_server.log.count("a.jsonl", method="GET") == 0

@@ -689,6 +689,12 @@ class Remote:
         path, url = self.path(name), join(self.url, name)
         return self.call("HEAD", url, lambda: self.fs.exists(path))
 
+    def size(self, name: str) -> int | None:
+        """The size object ``name`` says it has (a HEAD; None where the server does not say)."""
+        path, url = self.path(name), join(self.url, name)
+        size = self.call("HEAD", url, lambda: self.fs.size(path))
+        return None if size is None else int(size)
+
     def remove(self, name: str) -> None:
         path, url = self.path(name), join(self.url, name)
         try:
