@@ -47,19 +47,23 @@ def epoch(loader) -> tuple[float, float]:
 def per_batch_cost_ns(batch: dict, repeats: int = 7, n: int = 20_000) -> float:
     """The counters' added work for one batch, replayed in a tight loop with the real objects (best of ``repeats``).
 
-    Per batch a Loader with counters reads the clock 4 times (the worker: start
-    and end of the task; the loop: when the batch arrives and when the loop asks
-    for the next), updates the order, read and transform cells and the worker's
-    cell, appends one trace record in the worker and one in the loop, and
-    updates the consumer's totals (``chute/pipeline/task.py``, ``threads.py``,
-    ``run.py``). Without counters, two of the clock reads remain (the task's
-    end, which the worker loop needs anyway, is not counted here).
+    Per batch a Loader with counters reads the clock once per stage of its fused
+    task plus once at its start (the worker), and twice in the loop (when the
+    batch arrives and when the loop asks for the next); it adds each stage's span
+    to its cell, updates the worker's cell, appends one trace record in the worker
+    and one in the loop, and updates the consumer's totals
+    (``chute/pipeline/task.py``, ``threads.py``, ``run.py``). Here the W2 chain:
+    the root and one stage, the gather. Without counters, the clock reads remain
+    (the task's marks, which the worker loop needs anyway, are not counted here).
     """
     from chute.observe.counters import Counters
 
     counters = Counters()
     clock = time.perf_counter_ns
-    order, read, transform = counters.order.cell(), counters.read.cell(), counters.transform.cell()
+    order, read = counters.stage("order").cell(), counters.stage("read").cell()
+    cells = (read,)
+    waits = (False,)
+    names = ("read",)
     worker = counters.stage("workers").cell()
     trace = counters.trace.append
     consumer = counters.consumer
@@ -71,14 +75,20 @@ def per_batch_cost_ns(batch: dict, repeats: int = 7, n: int = 20_000) -> float:
         called = t0
         for step in range(n):
             start = clock()
-            end = clock()
+            marks = [start] * 2
+            marks[1] = clock()
+            end = marks[1]
             order.items += rows
-            read.busy_ns += end - start
-            read.wait_in_ns += 0
-            read.items += rows
-            read.nbytes += row_bytes * rows
-            transform.nbytes += row_bytes * rows
-            trace(("task", 1, start, end, end, step, rows, 0))
+            i = 0
+            for cell in cells:
+                if waits[i]:
+                    cell.wait_in_ns += marks[i + 1] - marks[i]
+                else:
+                    cell.busy_ns += marks[i + 1] - marks[i]
+                    cell.items += rows
+                i += 1
+            cells[0].nbytes += row_bytes * rows
+            trace(("task", 1, step, rows, names, marks))
             worker.wait_out_ns += start - idle
             worker.busy_ns += end - start
             worker.items += 1
@@ -96,7 +106,7 @@ def per_batch_cost_ns(batch: dict, repeats: int = 7, n: int = 20_000) -> float:
 
 
 def micro() -> dict:
-    """ns per Stage.record, and per add with 1 and 2 threads adding at once."""
+    """ns per StageCounter.record, and per add with 1 and 2 threads adding at once."""
     from chute.observe.counters import Counters
 
     counters = Counters()

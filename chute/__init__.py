@@ -48,6 +48,8 @@ _EXPORTS = {
     "Workers": "chute.pipeline.config",
     "Shuffle": "chute.pipeline.config",
     "Watchdog": "chute.pipeline.config",
+    "Stage": "chute.pipeline.stage",
+    "BatchStage": "chute.pipeline.stage",
     "observe": "chute.observe",  # a subpackage, callable: chute.observe(iterable) measures any loop
     "mix": "chute.mixture",
     "sample_rng": "chute.pipeline.randomness",
@@ -90,6 +92,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names above (tests/test_
     from chute.pipeline.config import Shuffle as Shuffle, Watchdog as Watchdog, Workers as Workers
     from chute.pipeline.loader import Loader as Loader
     from chute.pipeline.randomness import sample_rng as sample_rng, sample_seed as sample_seed
+    from chute.pipeline.stage import BatchStage as BatchStage, Stage as Stage
     from chute.pipeline.torch_iterable import TorchIterable as TorchIterable
     from chute.storage.open import open_dataset as open  # noqa: F401  (in __all__ through _EXPORTS)
     from chute.storage.write import Writer as Writer, write as write

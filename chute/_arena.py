@@ -6,7 +6,8 @@ Both stages that keep host memory for reuse draw it from an :class:`Arena`:
   the collate of a transform's output, the copy out of the worker processes'
   ring). A fresh multi-megabyte tensor per batch costs a page fault for every
   4 KiB the first time it is written (the allocator gives large blocks back to
-  the kernel); that halved gather speed for 1 MiB rows in a probe. With a CUDA
+  the kernel), which slows the gather of large rows (docs/benchmarks.md,
+  design figures). With a CUDA
   device these blocks are pinned.
 * The device stage copies a tensor that is not pinned into a pinned staging
   block first, because only a copy *from pinned memory* is asynchronous

@@ -32,9 +32,9 @@ The rules (thresholds are the constants below):
   change must beat both rates measured without it (a shared machine's speed
   drifts by tens of percent within seconds: a change made as it sped up, or
   after a slow stretch, would look like a gain). Kept, the change is made again. Medians of several windows,
-  not the best or the last one: a 0.03 s window's samples/s varies by +-30%
-  on a shared machine (benchmarks/autotune.py, W1 and W2), more than the
-  gains a trial looks for, and one disturbed window (another process taking
+  not the best or the last one: a short window's samples/s varies on a shared
+  machine by more than the gains a trial looks for (docs/benchmarks.md,
+  design figures), and one disturbed window (another process taking
   the CPU for a moment) must neither start nor end a trial. Each judged trial
   is kept as a :class:`Step` (before and after, measured): the report's advice
   comes from these, never from a model of how threads scale.
@@ -48,19 +48,19 @@ The rules (thresholds are the constants below):
   CPU time over the threads) fit in the budget (default the CPUs this process
   may run on), with ``CPU_SLACK`` of a core to spare, or while at least
   ``CPU_SLACK`` of the budget is idle (one worker busy on a copy and the loop
-  on 2 cores: the trial measures what a second worker gets from the rest).
+  on two cores: the trial measures what a second worker gets from the rest).
   Threads that wait (I/O, sleeps) use little CPU, so more of them fit. The
   cores in use are the median over the windows at the current settings, not
   one window's. Once in a loader's life a thread is tried with the budget
   full (the **probe**): workers that stall on memory, a page fault or the
   GIL leave their cores idle part of the time, which the CPU counters do not
-  show as room (W4's JPEG decode on 2 cores: 3 threads were 3-8% faster than
-  2). It waits for ``PROBE_AFTER`` windows at the current settings and, judged
+  show as room (a JPEG decode gained from a thread beyond the cores:
+  docs/benchmarks.md, design figures). It waits for ``PROBE_AFTER`` windows at the current settings and, judged
   as every thread beyond the budget is, stays only for a gain in 4 of 5
   windows that survives the recheck. ``probe=False`` leaves it out: the
   Loader passes it when a batch is one native gather and nothing else (a copy
   bound by memory bandwidth, whose threads stall on nothing a third thread
-  could fill; W2's probes were undone, or kept by noise in 1 run of 5).
+  could fill: such probes were undone, or kept by noise).
   ``max_threads`` is a hard cap
   on the count (``chute.Workers(max_count=)``). The **memory budget** allows at
   most ``max_bytes // batch bytes`` batches in flight, and a thread needs a
@@ -108,14 +108,14 @@ STARVED = 0.9
 JUDGE = 5
 #: Windows measured at the current settings before the probe (a thread beyond a full CPU budget, tried
 #: once): a process's first windows are slow (pages touched the first time, allocations growing), and a
-#: baseline taken from them made a third thread on 2 cores look like +144% (benchmarks/autotune.py, W3).
+#: baseline taken from them made a thread beyond the cores look like a large gain (docs/benchmarks.md, design figures).
 PROBE_AFTER = 2 * JUDGE
 #: Share of a core the CPU in use may exceed the budget by when one more thread is tried, and
 #: the idle share of the budget that is enough to try one more thread anyway.
 CPU_SLACK = 0.25
 #: Cores a worker thread uses at most for the next thread trial to add several threads at once (see
 #: Policy._more): tasks that wait (I/O) use a few percent of a core; one that computes uses most of
-#: one, and still about 0.4 when two other processes burn both cores (5 runnable threads on 2 cores).
+#: one, and still well above this when other processes burn every core (docs/benchmarks.md, design figures).
 WAITING_SHARE = 0.15
 #: Default memory budget: bytes of finished or building batches in flight.
 DEFAULT_MAX_BYTES = 512 << 20
@@ -138,8 +138,8 @@ class Window:
     """What happened during one tuning window (differences of the counters and CPU clocks)."""
 
     seconds: float  # wall time of the window
-    wait_s: float  # the loop blocked in next()
-    compute_s: float  # the loop between next() calls
+    wait_s: float  # the loop blocked in next() waiting for the workers (its own stages' time not counted)
+    compute_s: float  # the loop between next() calls (and in its own stages)
     batches: int  # delivered to the loop
     samples: int
     busy_s: float  # worker threads in batch tasks (summed over threads)
@@ -148,6 +148,7 @@ class Window:
     batch_bytes: float = 0.0  # mean bytes of a batch
     cpu_s: float | None = None  # CPU time the whole process used (None: not measured)
     loop_cpu_s: float = 0.0  # CPU time of the training loop's own thread (part of cpu_s)
+    side_s: float = 0.0  # busy time of the stages on threads of their own (the device copy, a user's): not workers
 
     @property
     def wait_fraction(self) -> float:
@@ -172,10 +173,11 @@ class Window:
 
     @property
     def worker_cores(self) -> float | None:
-        """Cores used outside the training loop's thread: the workers (and any other thread of the process)."""
+        """Cores used outside the training loop's thread and the stages on threads of their own: the workers
+        (and any other thread of the process). Those stages' threads count in the cores in use, not in a worker's share."""
         if self.cpu_s is None or self.seconds <= 0:
             return None
-        return max(0.0, self.cpu_s - self.loop_cpu_s) / self.seconds
+        return max(0.0, self.cpu_s - self.loop_cpu_s - self.side_s) / self.seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,8 +421,8 @@ class Policy:
         it is beyond ``RECHECK`` (and not for a thread beyond the CPU budget);
         otherwise the policy goes back to the old settings and measures them
         again (the recheck), and the change must beat both rates measured
-        without it: a shared VM's speed drifts by tens of percent within
-        seconds, and one slow stretch before a change (another process on the
+        without it: a shared machine's speed drifts by more than the gain
+        within seconds, and one slow stretch before a change (another process on the
         cores) must not make it look like a gain.
         Kept, the change is made again. Either way it is remembered as a :class:`Step`.
         """
@@ -512,9 +514,10 @@ class Policy:
         within what the CPU budget has room for at that share and at most doubling the count. When
         such a trial does not help, the next adds half as many (the count that helps is between).
 
-        Added one trial at a time (10 windows each), threads that wait on I/O took 7 trials to go from
-        1 to 8 (benchmarks/images.py --only io); doubling takes 3. A worker that computes uses far more
-        than ``WAITING_SHARE`` even on a machine whose other processes take most of the cores.
+        Added one trial at a time (10 windows each), threads that wait on I/O took many trials to reach
+        the count that ends the wait; doubling takes few (docs/benchmarks.md, design figures). A
+        worker that computes uses far more than ``WAITING_SHARE`` even on a machine whose other processes
+        take most of the cores.
         """
         if used is None:
             return 1
@@ -584,7 +587,7 @@ def _kept(before: float, before_wait: float, after: float, after_wait: float, be
     worker thread beyond the CPU budget (``beyond``) stays only for a gain measured in all but one of the
     ``JUDGE`` windows after it (``gained``; the one excused is the window the change disturbed): the end
     of a wait alone is not worth a thread the cores cannot run, and a gain in half the windows is noise
-    as often as not (benchmarks/autotune.py, W2).
+    as often as not (docs/benchmarks.md, design figures).
     """
     if beyond:
         return gained >= JUDGE - 1 and after >= before * GAIN
@@ -669,13 +672,16 @@ class Autotuner:
         delta = snap - self._last
         (cpu_s, loop_cpu_s), self._last, self._cpu = _cpu_used(self._cpu, cpu), snap, cpu
         self.next_ns = now_ns + self.window_ns
-        workers = delta.stages["workers"]
-        out_bytes = max(delta.stages["read"].nbytes, delta.stages["transform"].nbytes)  # gathered vs finished
+        stages = delta.stages
+        workers = stages["workers"]
+        out_bytes = max((t.nbytes for t in stages.values() if t.where == "workers"), default=0)  # gathered vs finished
+        # the loop's own stages run inside its wait for a batch, but no worker can shorten them
+        in_loop = sum(t.busy_ns for t in stages.values() if t.where == "loop")
         consumer = delta.consumer
         window = Window(
             seconds=delta.time_ns / 1e9,
-            wait_s=consumer.wait_ns / 1e9,
-            compute_s=consumer.compute_ns / 1e9,
+            wait_s=max(0, consumer.wait_ns - in_loop) / 1e9,
+            compute_s=(consumer.compute_ns + min(in_loop, consumer.wait_ns)) / 1e9,
             batches=consumer.batches,
             samples=consumer.samples,
             busy_s=workers.busy_ns / 1e9,
@@ -684,6 +690,7 @@ class Autotuner:
             batch_bytes=out_bytes / workers.items if workers.items else 0.0,
             cpu_s=cpu_s,
             loop_cpu_s=loop_cpu_s,
+            side_s=sum(t.busy_ns for t in stages.values() if t.where == "thread") / 1e9,
         )
         before = (policy.threads, policy.depth)
         changes = policy.step(window)

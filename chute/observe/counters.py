@@ -1,33 +1,34 @@
 """Always-on, cheap counters: where each stage of a loader spends its time.
 
-Every stage of the pipeline has a :class:`Stage` that
-counts its busy time, the items and bytes it handled, and the time it spent
-waiting on its input (nothing to do yet) and on its output (no room
-downstream). The training loop's side is a :class:`Consumer`: time blocked in
-``next()`` (waiting for data) versus time between ``next()`` calls (its
-compute). The report (``chute.observe.report``), the autotuner and the trace
-are all computed from these numbers.
+Every stage of a pass has a :class:`StageCounter` (named as the stage: its row
+in the report) that counts its busy time, the items and bytes it handled, and
+the time it spent waiting on its input (nothing to do yet) and on its output
+(no room downstream). The runtime that runs the stages writes them (a timing
+record per stage per batch, ``chute.pipeline.task`` and ``chute.pipeline.run``):
+a stage measures nothing itself. Each counter also says where its stage runs
+(``where``: ``"workers"``, ``"thread"``, ``"loop"``; ``"storage"`` for
+downloads), which is how the report and the autotuner read any stage, a
+user's included. The training loop's side is a :class:`Consumer`: time
+blocked in ``next()`` (waiting for data) versus time between ``next()`` calls
+(its compute).
 
-The stages of a ``chute.Loader`` are:
+chute's own stages of a ``chute.Loader`` are ``order`` (the batch's rows,
+the root), ``read`` (the gather from the shards, and its waits for
+downloads as ``wait_in``), ``transform`` (a per-sample transform and the
+collate, or a batch-level transform object), ``batch_transform`` and
+``device`` (the copy, on a thread of its own), plus ``fetch`` (downloads into
+the node cache, fed by the storage layer) and ``workers``, the worker pool
+itself: busy = time in batch tasks, ``wait_out`` = idle time waiting for a
+task (the consumer has not taken results yet, so no new task was submitted).
+Its busy + idle is the pool's thread time, which the report uses to compute
+the worker stages' utilisation.
 
-``fetch``      downloads into the node cache (fed by the storage layer)
-``order``      computing the indices of a batch
-``read``       the gather from the shards (``dataset.get_batch``)
-``transform``  per-sample transform + collate + batch_transform (0 if none)
-``device``     the device stage's copy (with ``device=``)
-
-plus ``workers``, the worker pool itself: busy = time in batch tasks,
-``wait_out`` = idle time waiting for a task (the consumer has not taken
-results yet, so no new task was submitted). Its busy + idle is the pool's
-thread time, which the report uses to compute the pool stages' utilisation.
-
-Recording from other code (the storage layer, a user's stage)::
+Recording from other code (the storage layer)::
 
     stage = loader.counters.stage("fetch")
     stage.workers = 4                       # its concurrency, for utilisation
     stage.add(busy_s, items=1, nbytes=n)    # one download done
     stage.wait_out(seconds)                 # blocked: the cache had no room
-    loader.counters.stage("read").wait_in(seconds)   # a reader blocked on a shard not yet downloaded
 
 ``stage.record(start_ns, end_ns, items, nbytes, step)`` does what ``add`` does
 and also puts the span into the trace ring (``loader.trace(path)``); times are
@@ -49,12 +50,14 @@ import threading
 import time
 from typing import Any
 
-#: Stages of a Loader, in the order data flows through them.
-STAGES = ("fetch", "order", "read", "transform", "device")
 #: Pseudo-stage of the worker pool: busy = batch tasks, wait_out = idle.
 WORKERS = "workers"
+#: Where a stage runs (the runtime's places, and "storage" for downloads, "pool" for the pool itself).
+WHERE = ("workers", "thread", "loop", "storage", "pool")
+#: Where the counters of a name run when nobody said (chute's own names, and numbers fed by hand).
+DEFAULT_WHERE = {"fetch": "storage", "device": "thread", WORKERS: "pool"}
 #: Parts of the "transform" stage, kept apart so the report can name the slow one.
-TRANSFORM_PARTS = ("per_sample", "collate", "batch_transform")
+TRANSFORM_PARTS = ("per_sample", "collate")
 
 _NS = 1_000_000_000
 
@@ -86,7 +89,11 @@ class _Cell:
 
 @dataclasses.dataclass(frozen=True)
 class StageTotals:
-    """A stage's counts at one moment (or the difference of two moments)."""
+    """A stage's counts at one moment (or the difference of two moments).
+
+    ``where`` is where the stage runs (:data:`WHERE`; empty: :data:`DEFAULT_WHERE`
+    for the name, else the workers); ``gil`` whether its work holds the GIL.
+    """
 
     name: str
     unit: str
@@ -97,13 +104,19 @@ class StageTotals:
     wait_in_ns: int = 0
     wait_out_ns: int = 0
     parts: dict[str, int] = dataclasses.field(default_factory=dict)
+    where: str = ""
+    gil: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.where:
+            object.__setattr__(self, "where", DEFAULT_WHERE.get(self.name, "workers"))
 
     def __sub__(self, other: StageTotals) -> StageTotals:
         return StageTotals(
             self.name, self.unit, self.workers,
             self.busy_ns - other.busy_ns, self.items - other.items, self.nbytes - other.nbytes,
             self.wait_in_ns - other.wait_in_ns, self.wait_out_ns - other.wait_out_ns,
-            {k: v - other.parts.get(k, 0) for k, v in self.parts.items()},
+            {k: v - other.parts.get(k, 0) for k, v in self.parts.items()}, self.where, self.gil,
         )
 
     @property
@@ -124,17 +137,20 @@ class StageTotals:
         return bool(self.busy_ns or self.items or self.wait_in_ns or self.wait_out_ns)
 
 
-class Stage:
+class StageCounter:
     """Counters of one stage, written by any number of threads without locks.
 
     ``workers`` is the stage's current concurrency (threads, processes or
-    downloads at once); its owner keeps it up to date.
+    downloads at once), ``where`` where it runs and ``gil`` whether its work
+    holds the GIL; the runtime that runs the stage keeps them up to date.
     """
 
     def __init__(self, name: str, trace: collections.deque, thread_names: dict[int, str], unit: str = "samples") -> None:
         self.name = name
         self.unit = unit
         self.workers = 1
+        self.where = DEFAULT_WHERE.get(name, "workers")
+        self.gil = True
         self._trace = trace
         self._thread_names = thread_names
         self._local = threading.local()
@@ -205,7 +221,7 @@ class Stage:
             total.merge(self._ended)
         return StageTotals(
             self.name, self.unit, self.workers, total.busy_ns, total.items, total.nbytes,
-            total.wait_in_ns, total.wait_out_ns, total.parts,
+            total.wait_in_ns, total.wait_out_ns, total.parts, self.where, self.gil,
         )
 
 
@@ -270,27 +286,32 @@ class Counters:
         self.thread_names: dict[int, str] = {}
         self.consumer = Consumer()
         self.created_ns = time.perf_counter_ns()
-        self._stages: dict[str, Stage] = {}
+        self._stages: dict[str, StageCounter] = {}
         self._lock = threading.Lock()
-        for name in (*STAGES, WORKERS):
-            self.stage(name, "shards" if name == "fetch" else "batches" if name == WORKERS else "samples")
-        # the Loader's own stages, as attributes for its per-batch code
-        self.order, self.read, self.transform = self._stages["order"], self._stages["read"], self._stages["transform"]
+        self.stage("fetch", "shards")
+        self.stage(WORKERS, "batches")
 
-    def stage(self, name: str, unit: str | None = None) -> Stage:
-        """The stage called ``name`` (created on first use); ``unit`` names what its items count."""
+    def stage(self, name: str, unit: str | None = None, *, where: str | None = None, gil: bool | None = None) -> StageCounter:
+        """The stage called ``name`` (created on first use); ``unit`` names what its items count, ``where``
+        where it runs (:data:`WHERE`), ``gil`` whether its work holds the GIL."""
         stage = self._stages.get(name)
         if stage is None:
             with self._lock:
                 stage = self._stages.get(name)
                 if stage is None:
-                    stage = self._stages[name] = Stage(name, self.trace, self.thread_names, unit or "samples")
+                    stage = self._stages[name] = StageCounter(name, self.trace, self.thread_names, unit or "samples")
         if unit is not None:
             stage.unit = unit
+        if where is not None:
+            if where not in WHERE:
+                raise ValueError(f"where must be one of {WHERE}, got {where!r}")
+            stage.where = where
+        if gil is not None:
+            stage.gil = gil
         return stage
 
     @property
-    def stages(self) -> dict[str, Stage]:
+    def stages(self) -> dict[str, StageCounter]:
         return dict(self._stages)
 
     def snapshot(self) -> Snapshot:
@@ -309,18 +330,18 @@ class Counters:
         """The spans in the ring: ``(name, thread id, start_ns, duration_ns, step, items)``.
 
         The hot paths leave one compact record per batch, expanded here: a batch
-        task's ``("task", tid, start, read, end, step, rows, waited)`` into its
-        ``read`` and ``transform`` spans, the loop's ``("loop", tid, called,
-        got, done, step)`` into ``wait`` and ``compute``.
+        task's ``("task", tid, step, rows, names, marks)`` into a span per
+        stage (stage ``names[i]`` ran from ``marks[i]`` to ``marks[i + 1]``), the
+        loop's ``("loop", tid, called, got, done, step)`` into ``wait`` and
+        ``compute``.
         """
         spans = []
         for record in list(self.trace):
             kind = record[0]
             if kind == "task":
-                _, tid, start, read, end, step, rows, _waited = record
-                spans.append(("read", tid, start, read - start, step, rows))
-                if end > read:
-                    spans.append(("transform", tid, read, end - read, step, rows))
+                _, tid, step, rows, names, marks = record
+                for i, name in enumerate(names):
+                    spans.append((name, tid, marks[i], marks[i + 1] - marks[i], step, rows))
             elif kind == "loop":
                 _, tid, called, got, done, step = record
                 spans.append(("wait", tid, called, got - called, step, 0))

@@ -1,14 +1,11 @@
-"""A Loader's measurement glue: its counters per pass, the device stage's timing, its report.
+"""A Loader's measurement glue: its counters per pass, its report.
 
-The Loader's stages count their own time into the :class:`Counters` (the batch
-task in the workers, the pass's stream in the training loop: see
-``chute.pipeline.task`` and ``chute.pipeline.run``); a :class:`LoaderMeter`
+The runtime of a pass writes every stage's time into the :class:`Counters`
+(the fused task on the workers, the relays of the stages on threads of their
+own, the loop's stages and the loop itself: ``chute.pipeline.task``,
+``chute.pipeline.relay``, ``chute.pipeline.run``); a :class:`LoaderMeter`
 keeps what outlives a pass: the report windows (``start_pass``, ``end_pass``),
-the autotuner, and the node cache's statistics. The device stage is timed from the outside of
-``DevicePrefetcher`` (``DeviceTiming``): the copying thread's wait for the
-next host batch (``wait_in``), the copy itself (busy, until ``on_copied``), and
-the time from there to asking for the next batch (``wait_out``: handing the
-batch over and waiting for room in the queue to the loop).
+the autotuner, and the node cache's statistics.
 
 The report covers the last pass: from ``iter()`` to its end (or to now while
 it runs); ``report(since="start")`` covers the loader's whole life.
@@ -18,58 +15,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from chute.observe.autotune import Autotuner
-from chute.observe.counters import Counters, Snapshot, nbytes_of
+from chute.observe.counters import Counters, Snapshot
 from chute.observe.hooks import Hook
 from chute.observe.report import Context, Report, build, cache_window
 
 #: A decision that moved the thread count (others: prefetch, or a note such as "threads stay at 2").
 _MOVE = re.compile(r"threads (\d+) -> (\d+)")
-
-
-class DeviceTiming:
-    """Times the device stage of one pass from outside ``DevicePrefetcher``.
-
-    ``source(host)`` wraps the host batches (it runs in the copying thread);
-    ``copied`` is the prefetcher's ``on_copied`` callback.
-    """
-
-    def __init__(self, counters: Counters) -> None:
-        self.stage = counters.stage("device")
-        self.stage.workers = 1
-        self._got_ns = 0
-        self._copied_ns = 0
-
-    def source(self, host: Iterator[Any]) -> Iterator[Any]:
-        clock = time.perf_counter_ns
-        try:
-            cell = self.stage.cell()
-            while True:
-                asked = clock()
-                if self._copied_ns:
-                    cell.wait_out_ns += asked - self._copied_ns
-                try:
-                    item = next(host)
-                except StopIteration:
-                    return
-                self._got_ns = clock()
-                cell.wait_in_ns += self._got_ns - asked
-                yield item
-                del item
-        finally:
-            close = getattr(host, "close", None)
-            if close is not None:
-                close()
-
-    def copied(self, item: Any, event: Any) -> None:
-        """``item`` is the pass's ``(step, rows, batch)``."""
-        now = time.perf_counter_ns()
-        step, rows, batch = item
-        self.stage.record(self._got_ns, now, rows, nbytes_of(batch), step)
-        self._copied_ns = now
 
 
 class LoaderMeter(Hook):
@@ -128,28 +82,10 @@ class LoaderMeter(Hook):
         if self.tuner is not None:
             self.tuner.end_pass()
 
-    def delivered(self, called: int, got: int, rows: int) -> None:
-        """The loop waited from ``called`` to ``got`` (perf_counter_ns) for a batch of ``rows`` samples.
-
-        (The Loader's stream without a device writes the same updates inline, to stay within
-        its budget of Python calls per batch; see chute/pipeline/run.py.)
-        """
-        consumer = self.counters.consumer
-        consumer.wait_ns += got - called
-        consumer.batches += 1
-        consumer.samples += rows
-        if self.first_batch_ns is None:
-            self.first_batch_ns = got - self.pass_began
-        if consumer.first_wait_ns is None:
-            consumer.first_wait_ns = got - self.pass_began
-
     def take_ready(self) -> int | None:
         """The fewest finished batches seen waiting in the channel since the last call (for the autotuner)."""
         value, self.ready = self.ready, None
         return value
-
-    def device(self, run: Any) -> DeviceTiming:
-        return DeviceTiming(self.counters)
 
     # ------------------------------------------------------------------ the report
 

@@ -8,15 +8,23 @@ recent decisions, and a what-if line that quotes the autotuner's last
 measured step (a change it tried, before and after: never a projection).
 ``str(report)`` is for people, ``report.to_json()`` for logs.
 
+Every stage of the pass is a row, chute's and the user's alike: the report
+reads what each counter says of where its stage runs (``where``: on the
+workers, on a thread of its own, in the loop), never a list of names.
+
 Attribution, in this order, once the loop waits at least ``DATA_BOUND`` of its time:
 
-1. **fetch** — readers blocked on shards not yet in the cache (``read.wait_in``)
-   for at least a quarter of the workers' busy time: downloads / cache misses.
-2. **device** — the device copy thread was busy at least ``SATURATED`` of its
-   time and busier than the worker pool: the host-to-device copy.
-3. **the worker pool** — its busiest part: ``read`` (the gather from the
-   shards), ``transform`` split into the per-sample transform (decode /
-   augment), ``collate`` and ``batch_transform``, or ``order``. The cause says
+1. **fetch** — readers blocked on shards not yet in the cache (the workers'
+   ``wait_in``) for at least a quarter of the workers' busy time: downloads /
+   cache misses.
+2. **a stage in the loop** — the loop's own stages took at least half of the
+   time it spent waiting: the busiest of them (the loop waits for it, not for
+   the workers).
+3. **a stage on a thread of its own** (the device copy, a user's) — busy at
+   least ``SATURATED`` of its time and busier than the worker pool.
+4. **the worker pool** — its busiest stage: ``read`` (the gather from the
+   shards; ``pack`` over token sequences), ``transform`` split into the per-sample transform (decode /
+   augment) and ``collate``, ``order``, or a user's stage. The cause says
    whether the threads were saturated, whether the CPU budget is used, whether
    the work seems to hold the GIL (threads busy but the process using about one
    core), or whether the workers sat idle (batches not started early enough).
@@ -37,8 +45,9 @@ DATA_BOUND = 0.05
 SATURATED = 0.8
 #: Counters in the cache's stats() that are differenced over the report's window.
 _CACHE_COUNTS = ("bytes_downloaded", "shards_downloaded", "hits", "misses", "evictions", "retries")
-_POOL_STAGES = ("order", "read", "transform")
-_PART_NAMES = {"per_sample": "decode/transform (the per-sample transform)", "collate": "collate", "batch_transform": "batch_transform"}
+_PART_NAMES = {"per_sample": "decode/transform (the per-sample transform)", "collate": "collate"}
+#: Share of the loop's wait its own stages must take for one of them to be named.
+LOOP_SHARE = 0.5
 UNKNOWN_STAGE = "the data pipeline (unknown stage: not a chute Loader)"
 
 
@@ -128,15 +137,16 @@ class Report:
         if self.what_if:
             lines.append(f"  what if: {self.what_if}")
         if self.stages:
-            lines.append(f"  {'stage':10s} {'workers':>7s} {'busy s':>8s} {'items':>10s} {'items/s':>11s} {'MB/s':>8s} {'util':>5s} {'wait in':>8s} {'wait out':>8s}")
+            width = max(10, *(len(name) for name in self.stages))
+            lines.append(f"  {'stage':{width}s} {'workers':>7s} {'busy s':>8s} {'items':>10s} {'items/s':>11s} {'MB/s':>8s} {'util':>5s} {'wait in':>8s} {'wait out':>8s}")
             for s in self.stages.values():
                 mbs = s.bytes / self.elapsed_s / 1e6 if self.elapsed_s > 0 else 0.0
                 lines.append(
-                    f"  {s.name:10s} {s.workers:7d} {s.busy_s:8.3f} {s.items:10,d} {s.throughput_per_s:11,.0f} "
+                    f"  {s.name:{width}s} {s.workers:7d} {s.busy_s:8.3f} {s.items:10,d} {s.throughput_per_s:11,.0f} "
                     f"{mbs:8,.1f} {s.utilisation:5.0%} {s.wait_in_s:8.3f} {s.wait_out_s:8.3f}"
                 )
                 if s.parts and any(s.parts.values()):
-                    lines.append("  " + " " * 11 + ", ".join(f"{k} {v:.3f} s" for k, v in s.parts.items()))
+                    lines.append("  " + " " * (width + 1) + ", ".join(f"{k} {v:.3f} s" for k, v in s.parts.items()))
         if self.cpu_cores_used is not None:
             lines.append(f"  CPU: {self.cpu_cores_used:.2f} cores used by this process")
         if self.cache is not None:
@@ -261,38 +271,46 @@ def _not_data_bound(wait_fraction: float) -> str:
     )
 
 
+def _rows(window: Snapshot) -> list[Any]:
+    """The stages that are rows of the report, in the order a batch meets them (downloads first)."""
+    rows = [t for t in window.stages.values() if t.where != "pool" and (t.active or t.where == "workers")]
+    return sorted(rows, key=lambda t: t.where != "storage")
+
+
 def _stages(window: Snapshot, elapsed: float, context: Context) -> dict[str, StageReport]:
     workers = window.stages.get("workers")
     pool_time = 0.0
     if workers is not None and (workers.busy_ns or workers.wait_out_ns):
         pool_time = (workers.busy_ns + workers.wait_out_ns) / 1e9  # thread time of the pool
     out: dict[str, StageReport] = {}
-    for name in ("fetch", "order", "read", "transform", "device"):
-        t = window.stages.get(name)
-        if t is None:
-            continue
-        if name in ("fetch", "device") and not t.active:
-            continue  # not part of this loader
+    for t in _rows(window):
         busy = t.busy_ns / 1e9
         count = t.workers
-        if name in _POOL_STAGES:
+        wait_out = t.wait_out_s
+        if t.where == "workers":
             if workers is not None and workers.active:
                 count = workers.workers  # the pool's threads now
             time_available = pool_time or elapsed * max(1, count)
-            wait_out = (workers.wait_out_ns / 1e9 if workers is not None else 0.0) if name == "transform" else t.wait_out_s
-        elif name == "device":
+        elif t.where == "thread":
+            count = 1
             time_available = busy + t.wait_in_s + t.wait_out_s or elapsed
-            wait_out = t.wait_out_s
+        elif t.where == "loop":
+            count = 1
+            time_available = elapsed
         else:
             time_available = elapsed * max(1, t.workers)
-            wait_out = t.wait_out_s
-        out[name] = StageReport(
-            name=name, unit=t.unit, workers=count, busy_s=busy, items=t.items, bytes=t.nbytes,
+        out[t.name] = StageReport(
+            name=t.name, unit=t.unit, workers=count, busy_s=busy, items=t.items, bytes=t.nbytes,
             throughput_per_s=t.items / elapsed if elapsed > 0 else 0.0,
             utilisation=min(1.0, busy / time_available) if time_available > 0 else 0.0,
             wait_in_s=t.wait_in_s, wait_out_s=wait_out,
             parts={k: v / 1e9 for k, v in t.parts.items()},
         )
+    if workers is not None and out:  # the pool's idle time waiting for a task: its last stage's wait for room
+        last = [name for name, t in window.stages.items() if t.where == "workers" and name in out]
+        if last:
+            row = out[last[-1]]
+            out[last[-1]] = dataclasses.replace(row, wait_out_s=workers.wait_out_ns / 1e9)
     return out
 
 
@@ -305,18 +323,19 @@ def _attribute(
         return None, "no batches yet", None
     if wait_fraction < DATA_BOUND:
         return None, _not_data_bound(wait_fraction), None
+    where = {name: t.where for name, t in window.stages.items()}
+    pool_names = [n for n in stages if where.get(n) == "workers"]
     workers = window.stages.get("workers")
     pool_busy = workers.busy_ns / 1e9 if workers is not None else 0.0
     pool_idle = workers.wait_out_ns / 1e9 if workers is not None else 0.0
-    threads = max(1, stages["read"].workers if "read" in stages else 1)
+    threads = max(1, stages[pool_names[0]].workers if pool_names else 1)
     pool_util = pool_busy / (pool_busy + pool_idle) if pool_busy + pool_idle > 0 else (
-        sum(s.busy_s for n, s in stages.items() if n in _POOL_STAGES) / (elapsed * threads) if elapsed > 0 else 0.0
+        sum(stages[n].busy_s for n in pool_names) / (elapsed * threads) if elapsed > 0 else 0.0
     )
     wait = f"the loop waited {wait_fraction:.0%} of its time"
 
-    read = stages.get("read")
-    fetch_wait = read.wait_in_s if read is not None else 0.0
-    pool_work = pool_busy or sum(s.busy_s for n, s in stages.items() if n in _POOL_STAGES)
+    fetch_wait = sum(stages[n].wait_in_s for n in pool_names)
+    pool_work = pool_busy or sum(stages[n].busy_s for n in pool_names)
     if fetch_wait > 0 and fetch_wait >= 0.25 * max(pool_work, 1e-9):
         cache = context.cache or {}
         misses = cache.get("misses")
@@ -336,28 +355,48 @@ def _attribute(
             f"({starting}shards opening); measure a longer window for the steady state"
         ), None
 
-    device = stages.get("device")
-    if device is not None and device.utilisation >= SATURATED and device.utilisation >= pool_util:
-        return "device", (
-            f"the host-to-device copy: {wait}; the copy thread was busy {device.utilisation:.0%} of its time "
-            f"({device.bytes / max(device.busy_s, 1e-9) / 1e6:,.0f} MB/s while copying)"
+    loop = {n: s.busy_s for n, s in stages.items() if where.get(n) == "loop"}
+    if loop and sum(loop.values()) >= LOOP_SHARE * consumer.wait_ns / 1e9:
+        name = max(loop, key=loop.__getitem__)
+        per_batch_ms = 1e3 * loop[name] / max(1, consumer.batches)
+        return name, (
+            f"stage {name!r} runs in the training loop's thread and takes {per_batch_ms:.2f} ms per batch: {wait}, "
+            f"{sum(loop.values()) / max(consumer.wait_ns / 1e9, 1e-9):.0%} of it in the loop's own stages, not waiting "
+            "for the workers; where='workers' runs a function of a batch on the workers, in parallel"
         ), None
 
-    candidates = {n: stages[n].busy_s for n in _POOL_STAGES if n in stages}
+    for name, row in sorted(((n, s) for n, s in stages.items() if where.get(n) == "thread"), key=lambda p: -p[1].utilisation):
+        if row.utilisation >= SATURATED and row.utilisation >= pool_util:
+            if name == "device":
+                return "device", (
+                    f"the host-to-device copy: {wait}; the copy thread was busy {row.utilisation:.0%} of its time "
+                    f"({row.bytes / max(row.busy_s, 1e-9) / 1e6:,.0f} MB/s while copying)"
+                ), None
+            per_batch_ms = 1e3 * row.busy_s / max(1, consumer.batches)
+            return name, (
+                f"stage {name!r} on its own thread takes {per_batch_ms:.2f} ms per batch: {wait}; its thread was busy "
+                f"{row.utilisation:.0%} of its time (one batch at a time: where='workers' runs it in parallel)"
+            ), None
+
+    candidates = {n: stages[n].busy_s for n in pool_names}
     if not candidates or max(candidates.values()) <= 0:
         return None, f"{wait}, but no stage recorded work: {UNKNOWN_STAGE}", None
     name = max(candidates, key=candidates.__getitem__)
     per_batch_ms = 1e3 * candidates[name] / max(1, consumer.batches)
     if name == "read":
         what = f"gathering rows from the shards takes {per_batch_ms:.2f} ms per batch"
+    elif name == "pack":
+        what = f"packing token sequences from the shards takes {per_batch_ms:.2f} ms per batch"
     elif name == "order":
         what = f"computing batch indices takes {per_batch_ms:.2f} ms per batch"
-    else:
+    elif name == "transform":
         parts = stages[name].parts
         part = max(parts, key=parts.__getitem__) if parts and max(parts.values()) > 0 else "per_sample"
         label = _PART_NAMES.get(part, part)
         per_sample_us = 1e6 * parts.get(part, 0.0) / max(1, consumer.samples)
         what = f"{label} takes {per_sample_us:,.0f} us per sample ({per_batch_ms:.2f} ms per batch in all)"
+    else:
+        what = f"stage {name!r} takes {per_batch_ms:.2f} ms per batch"
     budget = context.cpu_budget
     noun = "worker process" if context.workers_kind == "processes" else "worker thread"
     kind = noun if threads == 1 else noun + ("es" if noun.endswith("s") else "s")

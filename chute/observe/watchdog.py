@@ -57,8 +57,9 @@ STACK_LIMIT = 40  # innermost frames shown per thread
 
 #: Roles of chute's threads, by name prefix (threads not named here are "chute thread" or "not chute's").
 THREAD_ROLES = (
-    ("chute-loader", "loader thread: gather, transform, collate"),
+    ("chute-loader", "loader thread: the stages on the workers (read, transform, ...)"),
     ("chute-device", "device stage: takes built batches, copies them to the device"),
+    ("chute-stage", "a stage on a thread of its own"),
     ("chute-fetch", "downloader: fetches shards into the node cache ahead of use"),
 )
 

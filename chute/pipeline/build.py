@@ -1,13 +1,15 @@
-"""The builder: from a Loader's settings, the running stages of one pass.
+"""The builder: from a Loader's chain (``chute.pipeline.chain``), the running stages of one pass.
 
-    indices ──► batch task (gather, transform, collate) on the executor ──► channel ──► [device stage] ──► loop
+    order ──► Task on the executor (worker stages, fused) ──► channel ──► Feed ──► [Relay ...] ──► Output ──► [loop stages] ──► loop
 
-:func:`build_pass` makes the :class:`Pass` of one ``iter()``: the epoch's
-dataset and order (progressive mode: a snapshot of the cache), the indices,
-the batch task, the channel, the executor (threads, or the Loader's worker
-processes) and, for a remote dataset, the downloader. :func:`iterate` wires
-the consumer's side (:func:`chute.pipeline.run.stream`, through the device
-stage when there is one). Nothing here runs per batch.
+:func:`iterate` makes the :class:`Pass` of one ``iter()`` and returns its
+stream (:func:`chute.pipeline.run.stream`): nothing starts before the first
+``next()``. :func:`start`, called there, makes the rest: the epoch's dataset
+and order (progressive mode: a snapshot of the cache), the table of rows, the
+downloader of a remote dataset, the worker stages and their fused task, the
+channel, the executor (threads, or the Loader's worker processes), a relay
+per stage on a thread of its own (the device copy among them) and the
+loop's side. Nothing here runs per batch.
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from chute._channel import Channel
-from chute.pipeline.gather import Gather
-from chute.pipeline.indices import BatchIndices
-from chute.pipeline.run import Pass, device_stream, stream
-from chute.pipeline.task import BatchTask
-from chute.pipeline.transform import Transform
+from chute.pipeline.gather import shard_uses
+from chute.pipeline.relay import Relay
+from chute.pipeline.run import Feed, Measured, Output, Pass, stream
+from chute.pipeline.task import Task
 
 #: Slots of a pass's channel: the most batches in flight the autotuner may ask for.
 MAX_DEPTH = 256
@@ -29,33 +30,112 @@ MAX_DEPTH = 256
 KEEP_SPARE = 8
 
 
+def iterate(loader: Any, epoch: int, position: int) -> Iterator[Any]:
+    """The training loop's side of a new pass over ``epoch`` from ``position``.
+
+    Nothing starts before the first ``next()`` (an iterator made and dropped, as
+    Lightning does to check a loader, leaves nothing running).
+    """
+    run = Pass(loader, epoch, position, loader.dataset, loader.order)
+    run.watch = loader._watch()
+    return stream(run, run.watch, loader._meter)
+
+
 def start(loader: Any, run: Pass) -> None:
     """Make the stages of ``run`` and start its threads (called by the pass's stream on its first ``next()``)."""
-    loader._begin(run)  # the previous pass, if still open, stops now
+    restarting = run.feed is not None
+    if not restarting:
+        loader._begin(run)  # the previous pass, if still open, stops now
     threads, depth = loader._threads_and_depth()
     loader._pool.trim(keep=depth + threads + KEEP_SPARE)  # blocks of batches a loop held, then dropped, go back
-    if loader._progressive is not None:
+    if loader._progressive is not None and not restarting:
         _progressive_epoch(loader, run)
-    counters = loader.counters
-    run.indices = BatchIndices(run.order, run.epoch, run.rank, run.world_size, run.start, None if counters is None else counters.order)
+    chain, counters = loader.chain, loader.counters
+    run.indices = loader.root.table(run)
     run.channel = Channel(MAX_DEPTH)
     # A remote dataset's shards are downloaded ahead and held by this process, also for worker
     # processes: they read under this process's hold (and its share of a node cache).
     run.fetcher = _fetcher(loader, run)
+    seed = loader.order.seed
     if loader.workers.kind == "processes":
         run.executor = loader._process_pool().start_pass(run)
-        _close_at_exit(run)
-        return
-    fns = loader.fns
-    transform = None if fns.identity else Transform(fns, run.dataset, loader._pool, loader.order.seed)
-    run.task = BatchTask(run.indices, Gather(run.dataset, loader._pool, loader.columnar), transform, run.epoch, run.fetcher, counters)
-    from chute.pipeline.threads import ThreadExecutor
+    else:
+        stages = chain.worker_stages(run.dataset, seed, run.fetcher)
+        run.task = Task(
+            run.indices, stages, run.epoch, seed, loader._pool, dataset=run.dataset, on_error=chain.fns.on_error, counters=counters,
+        )
+        from chute.pipeline.threads import ThreadExecutor
 
-    run.executor = ThreadExecutor(
-        run.task, run.channel, threads, depth, name=f"chute-loader-r{run.rank}",
-        stage=None if counters is None else counters.stage("workers"),
-    )
+        run.executor = ThreadExecutor(
+            run.task, run.channel, threads, depth, name=f"chute-loader-r{run.rank}",
+            stage=None if counters is None else counters.stage("workers"),
+        )
+    if restarting:
+        assert run.feed is not None
+        run.feed.rebind()
+    else:
+        run.feed = Feed(run, loader._meter)
+        _relays(loader, run)
+        _loop_side(loader, run)
     _close_at_exit(run)
+
+
+def _relays(loader: Any, run: Pass) -> None:
+    """A relay per stage on a thread of its own, in order (the device copy last), each taking from the one before."""
+    chain = loader.chain
+    stages = list(chain.threads)
+    if chain.device:
+        from chute.pipeline.device_copy import DeviceCopy
+
+        stages.append(DeviceCopy(loader._copier()))
+    assert run.feed is not None
+    take = run.feed.take
+    for stage in stages:
+        name = getattr(stage, "thread_name", None) or f"chute-stage-{stage.name}-r{run.rank}"
+        relay = Relay(stage, take, run.steps, name, loader.counters)
+        run.relays.append(relay)
+        take = _blocking(relay.take)
+    for relay in run.relays:
+        relay.start()
+
+
+def _blocking(take: Any) -> Any:
+    return lambda step: take(step, -1)
+
+
+def _loop_side(loader: Any, run: Pass) -> None:
+    """The output the loop takes from, and the loop's stages pulling through it (each measured)."""
+    assert run.feed is not None
+    if run.relays:
+        last = run.relays[-1]
+        output = Output(run, last.take, getattr(last.stage, "receive", None), run.watch, loader.root)
+    else:  # the loop takes the workers' results itself
+        assert run.channel is not None
+        output = Output(run, run.channel.take, None, run.watch, loader.root, feed=run.feed)
+    run.output = output
+    run.leaf = output
+    loop = loader._loop
+    if loop is not None:  # the loop's stages pull through the output (wrappers made once per Loader: see loop_stages)
+        loop.inner.source = output
+        if not loader._loop_armed:
+            loop.leaf.reset(None)  # a pass from where the root is (a state loaded since is already in them)
+        loader._loop_armed = False
+        run.leaf = loop.leaf
+
+
+class LoopStages:
+    """A Loader's stages in the loop, each wrapped to be measured (:class:`chute.pipeline.run.Measured`).
+
+    Made once per Loader, so their state is there between passes: ``leaf`` is
+    the last stage's wrapper (its state is the Loader's), ``inner`` the first
+    wrapper, whose source is the root (between passes) or the pass's output.
+    """
+
+    def __init__(self, stages: Any, root: Any, counters: Any) -> None:
+        self.inner = leaf = Measured(None, root)
+        for stage in stages:
+            leaf = Measured(stage, leaf, counters)
+        self.leaf = leaf
 
 
 def _close_at_exit(run: Pass) -> None:
@@ -65,41 +145,20 @@ def _close_at_exit(run: Pass) -> None:
     otherwise have its workers killed mid-task when the interpreter exits.
     """
     assert run.channel is not None  # the stages are made
-    weakref.finalize(run, _stop_stages, run.channel, run.executor, run.fetcher)
+    weakref.finalize(run, _stop_stages, run.channel, run.executor, run.fetcher, list(run.relays))
 
 
-def _stop_stages(channel: Channel, executor: Any, fetcher: Any) -> None:
+def _stop_stages(channel: Channel, executor: Any, fetcher: Any, relays: list[Any]) -> None:
     channel.close()
+    for relay in relays:
+        relay.channel.close()
     if fetcher is not None:
         fetcher.stop_waits()
+    for relay in relays:
+        relay.close(timeout=1.0)
     executor.close(timeout=1.0)
     if fetcher is not None:
         fetcher.close()
-
-
-def iterate(loader: Any, epoch: int, position: int) -> Iterator[Any]:
-    """The consumer's side of a new pass over ``epoch`` from ``position``: directly, or through the device stage.
-
-    Nothing starts before the first ``next()`` (an iterator made and dropped, as
-    Lightning does to check a loader, leaves nothing running).
-    """
-    run = Pass(loader, epoch, position, loader.dataset, loader.order)
-    watch, meter = loader._watch(), loader._meter
-    if loader.device is None:
-        return stream(run, watch, meter)
-    from chute.device import DevicePrefetcher
-
-    def on_device() -> Iterator[Any]:
-        start(loader, run)  # (its START event opens the report's window)  # in the training loop's thread, before the device stage's thread exists
-        host = stream(run, None, meter, device_side=True)
-        timing = None if meter is None else meter.device(run)
-        prefetcher = DevicePrefetcher(
-            host if timing is None else timing.source(host), loader._copier(), depth=2,
-            on_copied=None if timing is None else timing.copied,
-        )
-        yield from device_stream(run, prefetcher, watch, meter)
-
-    return on_device()
 
 
 def _fetcher(loader: Any, run: Pass) -> Any:
@@ -112,30 +171,22 @@ def _fetcher(loader: Any, run: Pass) -> Any:
     from chute.storage.node.fetcher import Fetcher
 
     run.dataset.release_direct_holds()  # the pass holds what it reads; nothing else while it waits for a turn
-    uses = _with_reads(run.dataset, run.order.shard_uses(run.epoch, run.world_size, run.start))
-    then = _with_reads(run.dataset, run.order.shard_uses(run.epoch + 1, run.world_size, 0))  # kept for the next epoch
+    uses = shard_uses(run.dataset, run.order, run.epoch, run.world_size, run.start)
+    then = shard_uses(run.dataset, run.order, run.epoch + 1, run.world_size, 0)  # kept for the next epoch
     return Fetcher(cache, uses, threads=cache.remote.parallel, name=f"chute-fetch-r{run.rank}", then=then)
-
-
-def _with_reads(dataset: Any, uses: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """The shard uses of a view whose shards also read other shards (``dataset.reads(shard)``: the
-    windows of a token sequence view run into the next shards), each read shard held as long."""
-    reads = getattr(dataset, "reads", None)
-    if reads is None:
-        return uses
-    return [(first, last, read) for first, last, shard in uses for read in reads(shard)]
 
 
 def _progressive_epoch(loader: Any, run: Pass) -> None:
     """Progressive mode: this epoch's shards (a snapshot of the cache, or those of a loaded state)."""
     progressive = loader._progressive
-    loaded = loader._epoch_shards
+    root = loader.root
+    loaded = root.epoch_shards
     if loaded is not None and loaded[0] == run.epoch:
         shards, view = loaded[1], None  # resuming: fetch any that were evicted since
     else:
         shards, view = progressive.snapshot()
         run.start = 0
-    loader._epoch_shards = None
+    root.epoch_shards = None
     run.dataset, run.order = progressive.epoch_dataset(shards, view)
     run.steps = run.order.num_batches(run.world_size, run.start)
     run.shards = shards

@@ -9,8 +9,8 @@ dicts collated key by key), built into blocks of the Loader's
   stacked with one ``torch.stack(..., out=block)`` per column;
 * large samples (decoded images) are copied into their slot of the block as
   they come, so that one transformed sample is alive at a time, not the whole
-  batch: measured on 224 px images, keeping 256 of them alive cost 100-130 us of
-  page faults per image.
+  batch: keeping a whole batch of decoded images alive costs page faults on
+  every image (docs/benchmarks.md, design figures).
 
 Anything else (mixed shapes, nested containers, custom types) goes to
 ``default_collate`` with its usual results. When that fails, the error names
@@ -221,9 +221,8 @@ def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 
     torch splits a copy of more than 32K elements over its intra-op threads,
     whose OpenMP workers then spin after each one: called from loader threads,
-    that took a core from the decoding (measured on W4 with one loader thread:
-    1.2 ms of CPU per image instead of 0.6). numpy copies on the calling thread,
-    without the GIL.
+    that took a core from the decoding (docs/benchmarks.md, design figures).
+    numpy copies on the calling thread, without the GIL.
     """
     try:
         np.copyto(dst.numpy(), src.numpy(), casting="no")

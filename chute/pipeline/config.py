@@ -171,12 +171,12 @@ def check_seed(seed: Any) -> int:
     return int(seed)
 
 
-def refuse_habits(kwargs: dict[str, Any]) -> None:
-    """A TypeError for arguments the Loader does not take, saying what chute calls them."""
+def refuse_habits(kwargs: dict[str, Any], where: str = "chute.Loader") -> None:
+    """A TypeError for arguments ``where`` does not take, saying what chute calls them."""
     if not kwargs:
         return
     lines = []
     for name in kwargs:
         instead = DATALOADER_HABITS.get(name)
-        lines.append(f"{name}=: chute's Loader takes {instead}" if instead else f"{name}=: not an argument of chute.Loader")
-    raise TypeError("chute.Loader got unexpected argument(s): " + "; ".join(lines) + " (see docs/loader.md)")
+        lines.append(f"{name}=: chute's Loader takes {instead}" if instead else f"{name}=: not an argument of {where}")
+    raise TypeError(f"{where} got unexpected argument(s): " + "; ".join(lines) + " (see docs/loader.md)")

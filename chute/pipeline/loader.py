@@ -1,13 +1,16 @@
 """The Loader: a dataset in, batches in the global order out, resumable at any batch.
 
-A thin façade. It holds the settings (``chute.pipeline.config``), the epoch
-and the resume position, and the things that outlive a pass (the output block
-pool, the counters and autotuner, the worker processes, the device copier);
-each ``iter()`` builds a pass (``chute.pipeline.build``) whose stream
-(``chute.pipeline.run``) the training loop iterates. ``state_dict()`` records
-the position in the global order that the *training loop has received*, so a
-restored Loader continues with exactly the next batch, on any number of
-workers or ranks. See ``chute/pipeline/README.md`` for the life of a batch.
+A thin façade. It holds the settings (``chute.pipeline.config``), its chain
+of stages (``chute.pipeline.chain``: chute's and the user's ``stages=``), its
+root (``chute.pipeline.indices.Indices``: the epoch and the resume position),
+and the things that outlive a pass (the output block pool, the counters and
+autotuner, the worker processes, the device copier); each ``iter()`` builds a
+pass (``chute.pipeline.build``) whose stream (``chute.pipeline.run``) the
+training loop iterates. ``state_dict()`` records the position in the global
+order that the *training loop has received*, so a restored Loader continues
+with exactly the next batch, on any number of workers or ranks. A Loader is a
+stage itself (``chute.Stage``: ``next``, ``reset``, ``state``), the source of
+stages after it. See ``chute/pipeline/README.md`` for the life of a batch.
 """
 
 from __future__ import annotations
@@ -15,31 +18,38 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import chute._arena  # noqa: E402,F401
 
 # What every Loader uses, loaded with this module (``from chute import Loader``) instead of inside
 # the first Loader(): a fresh process's first batch then waits for its own work, not for imports
-# (130-270 ms of them, measured on this project's 2-core VM). The functions import them again by name.
+# (docs/benchmarks.md, design figures). The functions import them again by name.
 import chute.observe.passes  # noqa: E402,F401
 import chute.observe.watchdog  # noqa: E402,F401
 import chute.pipeline.build  # noqa: E402,F401
 import chute.pipeline.threads  # noqa: E402,F401
 import chute.storage.open  # noqa: E402,F401
-from chute._state import check_state
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
 from chute.observe.hooks import Hooks
-from chute.pipeline.config import Shuffle, Watchdog, Workers, refuse_habits
-from chute.pipeline.lifecycle import Action, Event, delivering, holds_position
+from chute.pipeline.chain import plan
+from chute.pipeline.config import Watchdog, Workers, refuse_habits
+from chute.pipeline.indices import Indices
+from chute.pipeline.lifecycle import Action, Event, delivering
 from chute.pipeline.spec import LoaderSpec
+from chute.pipeline.stage import Stage
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from chute.pipeline.spec import Options
 
 log = logging.getLogger("chute")
 
 
-class Loader:
+class Loader(Stage):
     """Batches of a chute dataset in a deterministic, resumable global order.
 
     Args:
@@ -55,10 +65,16 @@ class Loader:
         transform: a function of one sample (a dict, as ``dataset[i]``), run in
             a worker for every sample and collated; or a batch-level transform
             object (``transform_batch(batch, ctx)``, e.g. ``chute.images``).
-        batch_transform: a function of a whole batch, run last, in the worker.
+        batch_transform: a function of a whole batch, run in the worker after
+            the transform (``chute.BatchStage(fn, name="batch_transform")``).
         collate: list of samples -> batch (default: as ``default_collate``,
             built into reused memory).
         on_error: ``"raise"`` (default) or ``"skip"`` samples whose transform raises.
+        stages: stages of one's own, in order after those above
+            (``chute.BatchStage(fn, name=..., where="workers" | "thread" |
+            "loop")``, or a ``chute.Stage`` subclass in the loop): each is a
+            row of ``report()``, and ``state_dict()`` holds the state of those
+            that keep one.
         columnar: variable-size columns (strings, bytes, maps, JSON, ragged)
             as Arrow arrays instead of Python objects per sample.
         device: if set (``"cuda"``, ``"cuda:1"``, ``"cpu"``), batches arrive on
@@ -67,6 +83,8 @@ class Loader:
             budgets), or ``"threads"``, ``"processes"``, or a number of threads.
             Default: threads, autotuned.
         rank, world_size: this process's place (default: torch.distributed's).
+        columnar, device, workers and watchdog are the Loader's own; the others
+        (``chute.pipeline.spec.Options``) ``chute.TorchIterable`` takes too.
         watchdog: the hang watchdog: ``"auto"`` (default), seconds, None (off),
             or ``chute.Watchdog(timeout=..., on_stall="warn"|"raise")``.
 
@@ -77,41 +95,33 @@ class Loader:
     ``set_epoch`` always wins; ``load_state_dict`` sets the position.
     """
 
+    name = "loader"
+
     def __init__(
         self,
         dataset: Dataset | str | os.PathLike,
         batch_size: int,
         *,
-        shuffle: bool | Shuffle = False,
-        seed: int = 0,
-        drop_last: bool = False,
-        transform: Callable[[dict[str, Any]], Any] | Any | None = None,
-        batch_transform: Callable[[Any], Any] | None = None,
-        collate: Callable[[list[Any]], Any] | None = None,
-        on_error: str = "raise",
         columnar: bool = False,
         device: Any = None,
         workers: Workers | str | int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
         watchdog: Watchdog | float | str | None = "auto",
-        **unexpected: Any,
+        **options: Unpack[Options],
     ) -> None:
-        counters_on = unexpected.pop("_counters", True)  # False only to measure the counters' cost
-        refuse_habits(unexpected)
-        self.spec = spec = LoaderSpec.of(
-            dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform,
-            batch_transform=batch_transform, collate=collate, on_error=on_error, rank=rank, world_size=world_size,
-        )
+        rest: dict[str, Any] = dict(options)
+        counters_on = rest.pop("_counters", True)  # False only to measure the counters' cost
+        self.spec = spec = LoaderSpec.of(dataset, batch_size, rest)
+        refuse_habits(rest)
         self.dataset, self.order, self.batch_size, self.shuffle = spec.dataset, spec.order, spec.batch_size, spec.shuffle
         self.fns, self.rank, self.world_size = spec.fns, spec.rank, spec.world_size
         self.columnar = bool(columnar)
         self.workers = Workers.of(workers)
         self.watchdog = Watchdog.of(watchdog)
+        self.chain = plan(self.fns, spec.stages, device is not None, self.columnar)
         if self.workers.kind == "processes":
             from chute.pipeline.processes import check_picklable
 
-            check_picklable(self.fns)  # a lambda fails here, not at the first batch
+            check_picklable(self.fns, self.chain.workers)  # a lambda fails here, not at the first batch
         self.device = device
         self._copier_: Any = None
         if device is not None:
@@ -124,16 +134,30 @@ class Loader:
         from chute._arena import Arena
 
         self._pool = Arena(pin=pin)
-        self.epoch = 0
-        self._start = 0  # position in the global order where the next pass starts
+        self.root = Indices(self)  # the position in the global order (epoch, consumed) and each pass's rows
         self._pass: Any = None  # the last pass started; its state (chute.pipeline.lifecycle) says what it holds
+        self._batches: Any = None  # the pass next() pulls from (the Loader as a stage)
         self._processes: Any = None
         self._start_method = "spawn"  # of worker processes ("fork" only in tests: unsafe with threads and torch)
-        self._epoch_shards: tuple[int, list[int]] | None = None  # progressive: (epoch, its shards) from a loaded state
         self.skipped: list[int] = []
         self.hooks = Hooks()  # observers of the passes' events (chute.observe.hooks)
         self._setup_measurement(counters_on)
         self._setup_storage()
+        self._loop: Any = None  # the stages in the loop, measured (chute.pipeline.build.LoopStages)
+        self._loop_armed = False  # a state was loaded into them since the last pass started
+        if self.chain.loop:
+            from chute.pipeline.build import LoopStages
+
+            self._loop = LoopStages(self.chain.loop, self.root, self.counters)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass runs (while a pass runs: the one after it, once it has finished)."""
+        return self.root.epoch
+
+    @property
+    def _start(self) -> int:
+        return self.root.start
 
     def _setup_measurement(self, on: bool) -> None:
         """The always-on counters, the autotuner, the stall history (docs/observe.md)."""
@@ -168,26 +192,26 @@ class Loader:
         self._waits = WaitHistory()  # the loop's recent waits, for the adaptive stall timeout
 
     def _gil_free(self) -> bool:
-        """Whether a batch's work runs without the GIL: a transform that says so, or a batch that is one
-        native gather (:meth:`_gather_only`)."""
-        return self.fns.gil_free or self._gather_only()
+        """Whether a batch's work runs without the GIL: every stage on the workers says so (a transform object
+        with ``gil_free``, a ``BatchStage(gil=False)``), or a batch is one native gather (:meth:`_gather_only`)."""
+        free = self.chain.gil_free
+        return self._gather_only() if free is None else free
 
     def _gather_only(self) -> bool:
-        """No Python function at all over a dataset whose columns are all fixed-size: a batch is one native
+        """No stage but the gather over a dataset whose columns are all fixed-size: a batch is one native
         gather, a copy bound by memory bandwidth (the autotuner does not probe a thread beyond the cores)."""
         variable = getattr(self.dataset, "variable_columns", None)
         native = getattr(self.dataset, "native_batches", False)  # variable columns made in the same native call
-        return bool(self.fns.identity and variable is not None and (not variable or native))
+        return bool(self.chain.gather_only and variable is not None and (not variable or native))
 
     def _first_depth(self) -> int:
         """Batches in flight to start with: 16, or fewer when 16 batches would not fit the memory budget.
 
-        Measured (benchmarks/autotune.py, 2 CPUs): on small batches whose
-        decoding holds the GIL (W1, dicts of strings, batch 64) 2 in flight gave
-        425k samples/s and 8 gave 550k, the worker running ahead of the loop
-        instead of waiting for its next step; 16 was 0-10% faster than 8 on
-        W1-W3 at the thread counts the autotuner reaches there. A batch's size is
-        estimated from the dataset's bytes per row.
+        Small batches whose decoding holds the GIL ran faster with the worker
+        running ahead of the loop than waiting for its next step, and 16 was as
+        fast as 8 or faster on W1-W3 at the thread counts the autotuner reaches
+        there (docs/benchmarks.md, design figures). A batch's size is estimated from
+        the dataset's bytes per row.
         """
         rows = max(1, len(self.dataset))
         batch_bytes = max(1.0, getattr(self.dataset, "nbytes", 0) / rows * self.batch_size)
@@ -214,23 +238,24 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Run ``epoch`` next, from its start (also when called during a pass: it applies to the next one)."""
-        self.epoch, self._start = int(epoch), 0
-        self._moved()
+        self._loop_armed = False
+        self.root.set_epoch(epoch)
 
     def __len__(self) -> int:
         """Batches the next pass delivers on this rank (progressive: were it to start now)."""
         run = self._pass
         if run is not None and delivering(run.state):
             return run.steps
+        root = self.root
         if self._progressive is not None:
-            loaded = self._epoch_shards
-            if loaded is not None and loaded[0] == self.epoch:  # resuming: the rest of the loaded epoch
+            loaded = root.epoch_shards
+            if loaded is not None and loaded[0] == root.epoch:  # resuming: the rest of the loaded epoch
                 rows = sum(self.dataset.shards[i].rows for i in loaded[1])
-                return self._progressive.order_for(rows).num_batches(self.world_size, self._start)
+                return self._progressive.order_for(rows).num_batches(self.world_size, root.start)
             cache = self.dataset.cache
             rows = sum(s.rows for i, s in enumerate(self.dataset.shards) if cache.cached(i))
             return self._progressive.order_for(rows).num_batches(self.world_size, 0)
-        return self.order.num_batches(self.world_size, self._start)
+        return self.order.num_batches(self.world_size, root.start)
 
     @property
     def progressive_epochs(self) -> list[dict[str, Any]]:
@@ -240,52 +265,22 @@ class Loader:
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the training loop is: the epoch and the global position of what it has received."""
-        run = self._pass
-        if run is None or not holds_position(run.state):
-            epoch, consumed, order = self.epoch, self._start, self.order
-            shards = self._epoch_shards[1] if self._epoch_shards and self._epoch_shards[0] == epoch else None
-        else:
-            order = run.order
-            epoch, consumed = run.epoch, order.consumed_after(run.received, self.world_size, run.start)
-            shards = run.shards
-        if consumed >= order.num_rows and order.num_rows:
-            epoch, consumed, shards = epoch + 1, 0, None
-        if self._progressive is not None:
-            state: dict[str, Any] = self.order.state(epoch, 0)  # the whole dataset's identity ...
-            state["consumed"] = consumed if shards is not None else 0  # ... and the position in this epoch's set
-            state["progressive_shards"] = shards
-        else:
-            state = order.state(epoch, consumed)
-        state["batch_size"] = self.batch_size
-        state["world_size"] = self.world_size
-        return state
+        """Where the training loop is: the epoch and the global position of what it has received.
+
+        With stages of one's own in the loop that keep state, theirs nests the
+        position (``chute.Stage.state``): what the last of them returns.
+        """
+        if self._loop is not None:
+            return self._loop.leaf.state()
+        return self.root.state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, possibly of another world size)."""
-        state = check_state(state)  # a malformed state: a ChuteError naming what is wrong, not a KeyError
-        if self._progressive is not None:
-            if "progressive_shards" not in state:
-                raise ChuteError("cannot resume a progressive loader from the state of a non-progressive one")
-            self.order.check_state({**state, "consumed": 0})
-            epoch, shards = int(state["epoch"]), state["progressive_shards"]
-            self._epoch_shards = None if shards is None else (epoch, [int(i) for i in shards])
-            self.epoch, self._start = epoch, int(state["consumed"]) if shards is not None else 0
-            self._moved()
+        if self._loop is not None:
+            self._loop.leaf.reset(state)  # each stage takes its part; the root sets the position
+            self._loop_armed = True
             return
-        try:
-            epoch, consumed = self.order.check_state(state)
-        except ValueError as exc:
-            raise ChuteError(str(exc)) from None
-        if consumed >= self.order.num_rows and self.order.num_rows:
-            epoch, consumed = epoch + 1, 0
-        self.epoch, self._start = epoch, consumed
-        self._moved()
-
-    def _moved(self) -> None:
-        """set_epoch / load_state_dict: the position is the loader's now, not the pass's (chute.pipeline.lifecycle)."""
-        if self._pass is not None:
-            self._pass.on(Event.SET_POSITION)
+        self.root.load(state)
 
     def skip(self, steps: int) -> None:
         """Skip the next ``steps`` steps without reading them (e.g. past a loss spike); from the next ``iter()``.
@@ -301,7 +296,7 @@ class Loader:
             raise ValueError(f"steps must be >= 0, got {steps}")
         if self._progressive is not None:
             raise ChuteError("skip is not supported in progressive mode: an epoch's length depends on the cache")
-        state = self.state_dict()
+        state = self.root.state()
         epoch, consumed, order, world = int(state["epoch"]), int(state["consumed"]), self.order, self.world_size
         left = order.num_batches(world, consumed)
         if steps >= left and left:  # into the following epochs (whole epochs at once)
@@ -310,7 +305,8 @@ class Loader:
             if per_epoch:
                 epoch, steps = epoch + steps // per_epoch, steps % per_epoch
         consumed = order.consumed_after(steps, world, consumed)
-        self.load_state_dict({**order.state(epoch, consumed), "batch_size": self.batch_size, "world_size": world})
+        self._loop_armed = False
+        self.root.load({**order.state(epoch, consumed), "batch_size": self.batch_size, "world_size": world})
 
     def set_weights(self, weights: dict[str, float]) -> None:
         """A mixture's new weights, by source name, from the next batch the loop receives on.
@@ -323,12 +319,12 @@ class Loader:
         if change is None:
             raise ChuteError("set_weights needs a mixture: chute.Loader(chute.mix({...}, weights={...}), ...)")
         run = self._pass
-        if run is not None and delivering(run.state) and self.device is not None:
+        if run is not None and delivering(run.state) and (self.device is not None or self.chain.threads):
             raise ChuteError(
-                "set_weights during a pass is not supported with device=...: batches already on the device would keep the "
-                "old weights; call it between passes (before iter(loader))"
+                "set_weights during a pass is not supported with device=... or a stage on a thread of its own: batches "
+                "already copied or handed on would keep the old weights; call it between passes (before iter(loader))"
             )
-        state = self.state_dict()
+        state = self.root.state()
         change(int(state["epoch"]), int(state["consumed"]), weights)
         if run is not None:
             run.on(Event.SET_WEIGHTS)  # a running pass rebuilds its stages before its next batch
@@ -336,9 +332,30 @@ class Loader:
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[Any]:
+        """A new pass from the loader's position (a whole epoch once the last one finished)."""
         from chute.pipeline.build import iterate
 
-        return iterate(self, self.epoch, self._start)
+        return iterate(self, self.root.epoch, self.root.start)
+
+    # ------------------------------------------------------------------ the Loader as a stage (chute.Stage)
+
+    def next(self) -> Any:
+        """The next batch of the pass :meth:`reset` started (one is started if none runs)."""
+        if self._batches is None:
+            self._batches = iter(self)
+        return next(self._batches)
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        """Start a pass: from ``state`` if given (:meth:`load_state_dict`), else from the loader's position."""
+        Stage.reset(self, state)
+        batches, self._batches = self._batches, None
+        if batches is not None:
+            batches.close()
+        if state is not None:
+            self.load_state_dict(state)
+
+    def state(self) -> dict[str, Any]:
+        return self.state_dict()
 
     def _start_pass(self, run: Any) -> None:
         """Make the stages of ``run`` and start its threads (its stream's first ``next()``)."""
@@ -358,7 +375,7 @@ class Loader:
     def _finished(self, run: Any) -> None:
         """The last batch of ``run`` is delivered: the next pass runs the next epoch (unless set since)."""
         if run.on(Event.LAST) is Action.ADVANCE and self._pass is run:
-            self.epoch, self._start = run.epoch + 1, 0
+            self.root.finished(run)
 
     def _ended(self, run: Any, event: Event = Event.END) -> None:
         """The stream of ``run`` has ended: exhausted or left early (``END``), or it raised (``FAIL``)."""
@@ -405,15 +422,17 @@ class Loader:
             from chute.pipeline.processes import ProcessPool
 
             self._processes = ProcessPool(
-                self.dataset, self.order, self.fns, self.rank, self.world_size, workers=self.num_threads,
-                depth=self.prefetch, columnar=self.columnar, blocks=self._pool, counters=self.counters,
-                start_method=self._start_method,
+                self.dataset, self.order, self.chain, self.rank, self.world_size, workers=self.num_threads,
+                depth=self.prefetch, blocks=self._pool, counters=self.counters, start_method=self._start_method,
             )
             self._processes_finalizer = weakref.finalize(self, self._processes.close)
         return self._processes
 
     def close(self) -> None:
         """Stop worker processes, if any (threads stop at the end of each pass), and a progressive filler."""
+        batches, self._batches = self._batches, None
+        if batches is not None:
+            batches.close()
         if self._pass is not None:
             self._pass.on(Event.CLOSE)
             self._pass.close()

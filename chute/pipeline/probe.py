@@ -2,9 +2,11 @@
 
 The watchdog (``chute.observe.watchdog``) knows nothing of a pass: when a wait
 times out it calls the ``describe`` function the Loader gave it, which is
-:func:`describe` here. It reads what the pass publishes (the step the loop
-waits for, what each worker builds and since when, the position of the sample
-each worker transforms) and the worker processes' status and stacks.
+:func:`describe` here. It reads what the runtime publishes (the step the loop
+waits for; what each worker builds, since when and in which stage; the
+position of the sample each worker transforms; the step each stage on a
+thread of its own is on) and the worker processes' status and stacks, so a
+stage of the user's is named as chute's are.
 """
 
 from __future__ import annotations
@@ -49,11 +51,41 @@ class LoaderProbe:
         if loader.device is not None:
             settings += f", device={str(loader.device)!r}"
         details = Details(waiting_for, settings)
-        if kind == "processes":
-            self._processes(details, step)
-        else:
-            self._threads(details, step)
+        feed = run.feed
+        at_workers = feed.taken if feed is not None and run.relays else step  # steps before it are past the workers
+        if at_workers < run.steps:
+            if kind == "processes":
+                self._processes(details, at_workers)
+            else:
+                self._threads(details, at_workers)
+        if run.relays:
+            self._relays(details, step)  # (a stage that holds the loop's batch is where it is stuck)
         return details
+
+    def _relays(self, details: Details, step: int) -> None:
+        """The stages on threads of their own (the device copy, a user's): the batch each is on, since when."""
+        now = time.perf_counter_ns()
+        frames = sys._current_frames()
+        lines = []
+        for relay in self.run.relays:
+            ident = relay.thread.ident
+            name = relay.stage.name
+            if relay.step >= 0:
+                doing = f"batch {relay.step} in the stage for {(now - relay.since) / 1e9:.1f} s"
+                if relay.step == step:
+                    frame = frames.get(ident) if ident is not None else None
+                    own = innermost_own_frame(stack_of(frame)) if frame is not None else None
+                    details.stuck = f"batch {step} is in stage {name!r} on thread {relay.thread.name!r}" + (
+                        f" at {own.where()}" if own is not None else "")
+            elif relay.waiting >= 0:
+                doing = f"waiting for batch {relay.waiting} from the stage before"
+            else:
+                doing = "idle: the batches it handed on are not taken yet"
+            if ident is not None:
+                details.roles[ident] = f"stage {name!r} on a thread of its own"
+            lines.append(f"  stage {name!r} (thread {relay.thread.name!r}): {doing}")
+        del frames
+        details.sections.append(("Stages on threads of their own", lines))
 
     def _threads(self, details: Details, step: int) -> None:
         run, task = self.run, self.run.task
@@ -72,16 +104,18 @@ class LoaderProbe:
             if s in building:
                 w = building[s]
                 ident = task.threads[w]
-                where = f"building for {(now - task.since[w]) / 1e9:.1f} s in thread {names.get(ident, ident)!r}"
+                at = task.at[w]
+                stage = f" in stage {task.names[at - 1]!r}" if 1 <= at <= len(task.names) else ""
+                where = f"building for {(now - task.since[w]) / 1e9:.1f} s in thread {names.get(ident, ident)!r}{stage}"
                 position = task.progress[w]
                 sample = indices[position] if 0 <= position < len(indices) else None
                 if sample is not None:
                     where += f", inside the transform on {run.describe(sample)}"
-                details.roles[ident] = f"loader thread: gather, transform, collate; building batch {s}"
+                details.roles[ident] = f"loader thread: the stages on the workers; building batch {s}"
                 if s == step:
                     frame = frames.get(ident)
                     own = innermost_own_frame(stack_of(frame)) if frame is not None else None
-                    details.stuck = f"batch {s} is being built by thread {names.get(ident, ident)!r}"
+                    details.stuck = f"batch {s} is being built by thread {names.get(ident, ident)!r}{stage}"
                     if own is not None:
                         details.stuck += f" at {own.where()}"
                     if sample is not None:

@@ -8,8 +8,8 @@ still one whole batch::
 
     training loop          receiver thread (main process)                 worker i (spawned)
     ─────────────          ──────────────────────────────                 ──────────────────
-    submit(step) ──────►   ("task", pass, step, slot, segment) ─pipe i─►  build the batch (indices,
-                                                                          gather, transform, collate)
+    submit(step) ──────►   ("task", pass, step, slot, segment) ─pipe i─►  build the batch (the fused
+                                                                          task: order, read, the worker stages)
                                                                           tensor bytes ──► ring slot
                            ◄─pipe i─ ("reply", pass, step, slot, batch without its tensor data)
                            copy the tensors out of the slot into the Loader's blocks, free the slot
@@ -36,6 +36,9 @@ Every task and reply carries its pass id: ending a pass early sends
 ``"cancelled"`` instead of running them, and replies of old passes only free
 their slots. An exception in a worker comes back with its traceback
 (``chute.pipeline.wire``) and is raised in the training loop at its step.
+A reply also carries the clock between the task's stages, which the receiver
+adds to each stage's counter (the runtime measures in the worker, the main
+process records).
 
 **Shutdown.** ``close()`` sends every worker a stop, lets idle ones exit, then
 terminates and kills the rest after a short grace period, closes the pipes and
@@ -81,24 +84,25 @@ _STOP_GRACE = 1.0  # seconds a stopped worker gets to exit on its own before it 
 WORKER_PROCESSES_TID = 1
 
 _GUARD_ADVICE = (
-    "With workers='processes' the transform, batch_transform and collate are sent to worker processes "
-    "started with spawn: each must be a module-level function (not a lambda, a nested function or a "
-    "closure) in a module the workers can import, and a script must start the loader under "
+    "With workers='processes' the transform, batch_transform, collate and the stages on the workers are sent to "
+    "worker processes started with spawn: each function must be a module-level function (not a lambda, a nested "
+    "function or a closure) in a module the workers can import, and a script must start the loader under "
     "`if __name__ == \"__main__\":` (spawn imports the main module again in every worker)"
 )
 
 
-def check_picklable(fns: Any) -> None:
-    """Raise a :class:`ChuteError` saying what to do if a user function cannot go to a worker process."""
-    for role in ("transform", "batch_transform", "collate"):
-        fn = getattr(fns, role)
+def check_picklable(fns: Any, stages: Any = ()) -> None:
+    """Raise a :class:`ChuteError` saying what to do if a user function or stage cannot go to a worker process."""
+    named = [(role, getattr(fns, role)) for role in ("transform", "batch_transform", "collate")]
+    named += [(f"stage {stage.name!r}", stage) for stage in stages if stage.name != "batch_transform"]
+    for role, fn in named:
         if fn is None:
             continue
         try:
             pickle.dumps(fn, _PROTOCOL)
         except Exception as exc:
-            name = getattr(fn, "__qualname__", None) or repr(fn)
-            raise ChuteError(f"cannot send the {role} {name} to the worker processes ({type(exc).__name__}: {exc}). {_GUARD_ADVICE}") from exc
+            what = role if role.startswith("stage") else f"{role} {getattr(fn, '__qualname__', None) or repr(fn)}"
+            raise ChuteError(f"cannot send the {what} to the worker processes ({type(exc).__name__}: {exc}). {_GUARD_ADVICE}") from exc
 
 
 class _Worker:
@@ -271,7 +275,8 @@ class _PassRun:
         self._lock = threading.Lock()  # submit vs fail: no step may fall between them
         self._cond = threading.Condition(self._lock)  # the gate waits on it for steps
         self._wake_r, self._wake_w = os.pipe()
-        self._counted: tuple[Any, Any] | None = None  # the read and transform cells of the counters
+        self._cells: tuple[Any, ...] | None = None  # a counter cell per stage of the task (the receiver thread's)
+        self._order: Any = None  # the root's
         # A remote dataset's downloader holds the shards of the coming steps in this process; a step goes
         # to a worker only once its shards are held (the worker reads them under this hold).
         self.fetcher = run.fetcher
@@ -464,25 +469,27 @@ class _PassRun:
             ring.give_back(slot)
         self.channel.put(step, item)
 
-    def _count(self, step: int, rows: int, times: tuple[int, ...]) -> None:
+    def _count(self, step: int, rows: int, times: tuple[list[int], tuple[int, ...]]) -> None:
+        """The clock between the task's stages in the worker, into each stage's counter (and the trace)."""
         counters = self.pool.counters
         if counters is None:
             return
-        if self._counted is None:
-            for name in ("read", "transform"):
-                counters.stage(name).workers = self.threads
-            self._counted = (counters.read.cell(), counters.transform.cell())
-        read_cell, transform_cell = self._counted
-        began, read, end, *parts = times
-        read_cell.busy_ns += read - began
-        read_cell.items += rows
-        if end > read:
-            transform_cell.busy_ns += end - read
-            transform_cell.items += rows
-            for part, ns in zip(("per_sample", "collate", "batch_transform"), parts):
-                if ns:
-                    transform_cell.parts[part] = transform_cell.parts.get(part, 0) + ns
-        counters.trace.append(("task", WORKER_PROCESSES_TID, began, read, end, step, rows, 0))
+        names = self.pool.names
+        if self._cells is None:
+            for name in ("order", *names):
+                counters.stage(name, where="workers").workers = self.threads
+            self._cells = tuple(counters.stage(name).cell() for name in names)
+            self._order = counters.stage("order").cell()
+        marks, parts = times
+        self._order.items += rows
+        for i, cell in enumerate(self._cells):
+            cell.busy_ns += marks[i + 1] - marks[i]
+            cell.items += rows
+        if parts:
+            transform = self._cells[names.index("transform")].parts
+            for part, ns in zip(("per_sample", "collate"), parts):
+                transform[part] = transform.get(part, 0) + ns
+        counters.trace.append(("task", WORKER_PROCESSES_TID, step, rows, names, marks))
 
 
 class ProcessPool:
@@ -500,22 +507,22 @@ class ProcessPool:
         self,
         dataset: Any,
         order: Any,
-        fns: Any,
+        chain: Any,
         rank: int,
         world_size: int,
         *,
         workers: int,
         depth: int,
-        columnar: bool = False,
         blocks: Any = None,
         counters: Any = None,
         start_method: str = "spawn",
     ) -> None:
-        check_picklable(fns)
+        check_picklable(chain.fns, chain.workers)
+        self.names = tuple(stage.name for stage in chain.worker_stages(dataset, order.seed))  # the task's stages
         try:  # a copy of the order without its memo of window permutations
             copyable = dataclasses.is_dataclass(order) and not isinstance(order, type)  # an instance, not a class
             order_copy = dataclasses.replace(order) if copyable else order
-            self._setup = pickle.dumps((dataset, order_copy, fns, rank, world_size, columnar), _PROTOCOL)
+            self._setup = pickle.dumps((dataset, order_copy, chain, rank, world_size), _PROTOCOL)
         except Exception as exc:
             raise ChuteError(f"cannot send the dataset and functions to the worker processes: {exc}. {_GUARD_ADVICE}") from exc
         self.workers = max(1, int(workers))

@@ -16,8 +16,8 @@ Two ways in:
   ``Generator`` (Philox, keyed by the sample) and the 64-bit seed behind it
   (for ``torch.Generator().manual_seed(...)`` or ``random.Random(...)``).
   The per-sample loop publishes the sample's row in a :class:`SampleScope`
-  (one attribute store per sample, ~0.05 us); the generator is only built
-  when asked for (~7 us).
+  (one attribute store per sample); the generator is only built when asked
+  for (docs/benchmarks.md, design figures, has what each costs).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def uniform(seed: int, epoch: int, rows: np.ndarray, k: int, stream: int = 0) ->
     """``float64[len(rows), k]`` in [0, 1): column ``j`` of row ``i`` depends only on ``(seed, epoch, stream, rows[i], j)``.
 
     ``stream`` separates independent users of the same samples (two transforms
-    of one batch). Costs about 20 ns per number (numpy, GIL released).
+    of one batch). Vectorised numpy, GIL released.
     """
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
@@ -107,6 +107,6 @@ def sample_seed() -> int:
 def sample_rng() -> np.random.Generator:
     """A numpy ``Generator`` for the sample the calling per-sample transform runs on (see :func:`sample_seed`).
 
-    Built on each call (about 7 us): call it once per sample and draw from it.
+    Built on each call, which costs more than drawing from it: call it once per sample and draw from it.
     """
     return np.random.Generator(np.random.Philox(key=sample_seed()))

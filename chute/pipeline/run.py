@@ -1,16 +1,24 @@
-"""One pass of a Loader, running: its stages wired together, and the loop that delivers its batches.
+"""One pass of a Loader, running: the runtime of its chain, and the one loop that delivers its batches.
 
-:class:`Pass` holds what one ``iter()`` made (the indices, the batch task, the
-channel, the executor, the downloader) and publishes where it is
-(``received``, what each worker builds), which ``state_dict()``, the report
-and the hang watchdog read. :func:`stream` is the consumer's side: the
-generator the training loop iterates. Per batch it takes the step's result
-from the channel, submits the step ``depth`` ahead, counts the loop's wait
-and compute, and yields: a handful of calls, all of them C calls but the
-channel's ``take``.
+    steps ──► workers: Task (order, read, [transform], user stages)  ──► channel ──► Feed
+          ──► [Relay per "thread" stage: user stages, device copy] ──► Output ──► [loop stages] ──► stream ──► the loop
 
-With a device, :func:`stream` runs in the device stage's thread instead
-(``device_side=True``), and :func:`device_stream` is the training loop's side.
+:class:`Pass` holds what one ``iter()`` made (the table of rows, the task, the
+channel, the executor, the relays, the downloader) and publishes where it is
+(``received``; the task and the relays publish what each worker builds), which
+``state_dict()``, the report and the hang watchdog read. The runtime runs
+every stage and measures it; a stage measures nothing itself.
+
+* :class:`Feed` takes each step from the workers' channel, in order, and
+  submits the step ``depth`` ahead: the training loop's side when no stage
+  runs on a thread of its own, else the first relay's.
+* :class:`Output` hands the loop the next step (waiting with the hang
+  watchdog's timeout), moves the pass's position and hands the batch over
+  (the device copy's stream hand-over); as a stage it is the source of the
+  stages in the loop, its state the root's.
+* :func:`stream` is the generator the training loop iterates, with or
+  without a device: per batch it takes the next one (from :class:`Output`, or
+  through the loop's stages), counts the loop's wait and compute, and yields.
 """
 
 from __future__ import annotations
@@ -21,15 +29,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from chute._channel import Channel, Closed
 from chute.errors import ChuteError, StallError
 from chute.pipeline.lifecycle import Action, Event, State, after
+from chute.pipeline.stage import Stage
 
 log = logging.getLogger("chute")
 
-#: Every how many batches the consumer samples the channel (finished batches waiting) for the autotuner.
+#: Every how many batches the workers' channel is sampled (finished batches waiting) for the autotuner.
 READY_EVERY = 8
 #: Every how many batches the adaptive stall timeout is recomputed.
 TIMEOUT_EVERY = 64
@@ -74,10 +81,15 @@ class Pass:
         self.shards: list[int] | None = None  # progressive: the epoch's shards
         self.holds: Any = None  # progressive: the holds on the epoch's shards
         self.fetcher: Any = None  # a remote dataset's downloader (or progressive holds)
-        self.indices: Any = None
-        self.task: Any = None
-        self.channel: Channel | None = None
+        self.indices: Any = None  # the table of rows (chute.pipeline.indices.BatchIndices)
+        self.task: Any = None  # the fused worker stages (threads; the worker processes have their own)
+        self.channel: Channel | None = None  # the workers' results, in order
         self.executor: Any = None
+        self.feed: Feed | None = None
+        self.relays: list[Any] = []  # the stages on threads of their own, in order
+        self.output: Output | None = None
+        self.leaf: Any = None  # what the loop pulls: the output, or the last of the loop's stages
+        self.watch: Any = None  # the hang watchdog (chute.observe.watchdog.StallWatch), or None
 
     def on(self, event: Event) -> Action:
         """Apply ``event`` to the pass's state (``chute.pipeline.lifecycle``), tell the loader's hooks; the action to take."""
@@ -115,7 +127,7 @@ class Pass:
         self.on(Event.RESTARTED)
 
     def close(self, broken: bool = False) -> None:
-        """Stop the executor and the downloader; results not taken are dropped.
+        """Stop the relays, the executor and the downloader; results not taken are dropped.
 
         ``broken`` (a stalled pass): its workers may be stuck for good, so they
         are not waited for. Closing again does nothing more.
@@ -123,29 +135,220 @@ class Pass:
         channel, executor, fetcher = self.channel, self.executor, self.fetcher
         if channel is not None:
             channel.close()
+        for relay in self.relays:
+            relay.channel.close()
         if fetcher is not None:
             fetcher.stop_waits()  # batch tasks waiting for a download give up (the executor joins them next)
+        stuck = [relay.thread for relay in self.relays if not relay.close(timeout=0.1 if broken else 5.0)]
         if executor is not None:
-            stuck = executor.close(timeout=0.1 if broken else 5.0, broken=broken)
-            if stuck:
-                log.warning("chute: %d loader thread(s) still busy after shutdown: %s", len(stuck), [t.name for t in stuck])
+            stuck += executor.close(timeout=0.1 if broken else 5.0, broken=broken)
+        if stuck:
+            log.warning("chute: %d loader thread(s) still busy after shutdown: %s", len(stuck), [t.name for t in stuck])
         if fetcher is not None:
             fetcher.close()
         self.fetcher = None
 
 
-def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = False) -> Iterator[Any]:
-    """The batches of ``run``, in order (the training loop's side, or the device stage's with ``device_side``)."""
+class Feed:
+    """The workers' side of a pass: each step's result taken from their channel in order, the next steps submitted.
+
+    Whoever takes the workers' results, in order, calls :meth:`took` after
+    each step (:class:`Output` in the loop, or the first relay through
+    :meth:`take`): the step ``depth`` ahead is submitted, the downloader is
+    told the step was received (its shards may go), skipped samples are noted,
+    and every ``READY_EVERY`` steps the finished results waiting are sampled
+    for the autotuner. (:class:`Output` inlines the submission: the loop's
+    budget of Python calls per batch.)
+    """
+
+    def __init__(self, run: Pass, meter: Any = None) -> None:
+        self.run, self.meter = run, meter if meter is not None and meter.tuner is not None else None
+        self.submitted = 0
+        self.taken = 0  # the next step to take from the workers
+        self.rebind()
+
+    def rebind(self) -> None:
+        """Take the pass's (new) channel and executor, and submit its first steps."""
+        run = self.run
+        self.channel, self.executor, self.fetcher, self.steps = run.channel, run.executor, run.fetcher, run.steps
+        self.taken = 0
+        self.submitted = submitted = min(self.steps, self.executor.depth)
+        for step in range(submitted):
+            self.executor.submit(step)
+        run.submitted = submitted
+
+    def take(self, step: int, timeout: float = -1) -> tuple[Any, int, list[int]]:
+        """The result of ``step`` (``TimeoutError`` after ``timeout`` seconds; -1: for ever), the next steps submitted."""
+        channel = self.channel
+        assert channel is not None  # made by the pass's start
+        item = channel.take(step, timeout)
+        self.took(step, item)
+        return item
+
+    def took(self, step: int, item: tuple[Any, int, list[int]]) -> None:
+        """``step`` was taken: submit up to ``depth`` steps ahead of it, and the rest (see the class docstring)."""
+        self.taken = step + 1
+        executor = self.executor
+        submitted = self.submitted
+        limit = min(step + 1 + executor.depth, self.steps)
+        while submitted < limit:
+            executor.submit(submitted)
+            submitted += 1
+        self.submitted = self.run.submitted = submitted
+        self.extras(step, item)
+
+    def extras(self, step: int, item: tuple[Any, int, list[int]]) -> None:
+        """What only some steps need: the downloader told, skipped samples noted, the channel sampled."""
+        if self.fetcher is not None:
+            self.fetcher.received(step)  # the batch is a copy: its shards may go
+        if item[2]:
+            self.run.skipped.extend(item[2])
+        meter = self.meter
+        if meter is not None and not step % READY_EVERY:
+            channel: Any = self.channel
+            ready = channel.count_ready(step + 1, self.executor.depth)
+            if meter.ready is None or ready < meter.ready:
+                meter.ready = ready
+
+
+class Output(Stage):
+    """The pass's batches as the loop receives them: the source of the loop's stages.
+
+    :meth:`next` waits for the next step (from the :class:`Feed`, or the last
+    relay) with the hang watchdog's timeout, moves the pass's position (the
+    loop has received the step; its last step ends the epoch), skips steps
+    whose every sample was skipped, and hands the batch over (``receive``: the
+    device copy's). ``called``, ``timeout``: set by :func:`stream` (the time
+    the loop asked, the watchdog's current timeout). As a stage its state is
+    the root's (:class:`chute.pipeline.indices.Indices`).
+    """
+
+    name = "output"
+
+    def __init__(self, run: Pass, take: Any, receive: Any, watch: Any, root: Any, feed: Feed | None = None) -> None:
+        self.run, self._take, self.receive, self.watch, self.root = run, take, receive, watch, root
+        self.feed = feed  # the workers' side, when the loop takes their channel itself (no stage on a thread of its own)
+        self.step = 0  # the next step to take
+        self.taken = -1  # the last step taken
+        self.rows = 0  # its samples
+        self.called = 0
+        self.timeout = watch.timeout(first=True) if watch is not None else -1
+        self.in_main = threading.current_thread() is threading.main_thread()  # see SIGNAL_WAKE_S
+
+    def next(self) -> Any:
+        run = self.run
+        while True:
+            step = self.step
+            if step >= run.steps:
+                raise StopIteration
+            if run.state is State.RESTARTING:  # set_weights: what was built ahead is stale; go on from what was received
+                run.restart()
+                self.step = 0
+                if self.feed is not None:
+                    channel: Any = self.feed.channel
+                    self._take = channel.take  # (a channel of the new stages)
+                continue
+            take = self._take
+            try:
+                try:
+                    item = take(step, SIGNAL_WAKE_S if self.in_main else self.timeout)
+                except TimeoutError:
+                    try:
+                        if not self.in_main:
+                            raise
+                        item = _take_waking(take, step, self.timeout, self.called)
+                    except TimeoutError:
+                        item = self.watch.wait(run, step, _waking(take) if self.in_main else take, self.called)
+            except Closed:
+                raise ended(run) from None
+            feed = self.feed
+            if feed is not None:  # Feed.took, inline: submit up to depth ahead (and the rest, when a step needs it)
+                feed.taken = step + 1
+                executor = feed.executor
+                submitted = feed.submitted
+                limit = step + 1 + executor.depth
+                if limit > feed.steps:
+                    limit = feed.steps
+                while submitted < limit:
+                    executor.submit(submitted)
+                    submitted += 1
+                feed.submitted = run.submitted = submitted
+                if feed.fetcher is not None or item[2] or not step % READY_EVERY:
+                    feed.extras(step, item)
+            self.step = step + 1
+            run.received = step + 1
+            self.taken = step
+            if step == run.steps - 1:
+                run.loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
+            batch, self.rows, _ = item
+            if batch is not None:
+                return batch if self.receive is None else self.receive(batch)
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        super().reset(state)
+        if state is not None:
+            self.root.load(state)
+
+    def state(self) -> dict[str, Any]:
+        return self.root.state()
+
+    def close(self) -> None:
+        self.run.close()
+
+
+class Measured(Stage):
+    """A stage in the loop as the runtime runs it: its time into its counter, less the time in its source.
+
+    ``stage`` pulls from this wrapper's ``source`` (a wrapper too, or the
+    pass's :class:`Output`); ``spent`` is the time spent in :meth:`next` so far,
+    which the wrapper after this one takes out of its own stage's time. Without
+    ``stage`` (the first wrapper, around the output) it only keeps ``spent``.
+    """
+
+    def __init__(self, stage: Stage | None, source: Any, counters: Any = None) -> None:
+        self.stage, self.source = stage, source
+        self.spent = 0
+        self.name = stage.name if stage is not None else "output"
+        self.counter = None if stage is None or counters is None else counters.stage(stage.name, where="loop", gil=stage.gil)
+        if stage is not None:
+            stage.source = source
+
+    def next(self) -> Any:
+        clock = time.perf_counter_ns
+        began = clock()
+        inner = getattr(self.source, "spent", 0)
+        try:
+            if self.stage is None:
+                return self.source.next()
+            return self.stage.next()
+        finally:
+            span = clock() - began
+            self.spent += span
+            counter = self.counter
+            if counter is not None:
+                counter.record(began, began + span, 1, 0, None, waited_ns=getattr(self.source, "spent", 0) - inner)
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        super().reset(state)
+        (self.source if self.stage is None else self.stage).reset(state)
+
+    def state(self) -> dict[str, Any]:
+        return (self.source if self.stage is None else self.stage).state()
+
+    def close(self) -> None:
+        (self.source if self.stage is None else self.stage).close()
+
+
+def stream(run: Pass, watch: Any = None, meter: Any = None) -> Iterator[Any]:
+    """The batches of ``run`` as the training loop receives them, in order (with or without a device)."""
     loader = run.loader
-    if run.executor is None:  # (its START event opens the report's window before the stages start)
+    if run.output is None:  # (its START event opens the report's window before the stages start)
         loader._start_pass(run)
-    channel, executor, fetcher, n = run.channel, run.executor, run.fetcher, run.steps
-    assert channel is not None  # made by the pass's start
-    take, submit = channel.take, executor.submit
-    submitted = _prime(executor, n)
+    out = run.output
+    assert out is not None  # made by the pass's start
+    pull = run.leaf.next
     clock = time.perf_counter_ns
-    timeout = watch.timeout(first=True) if watch is not None else -1
-    counters = meter.counters if meter is not None and not device_side else None
+    counters = meter.counters if meter is not None else None
     if counters is not None:
         consumer, trace, tuner = counters.consumer, counters.trace.append, meter.tuner
         tid = threading.get_ident()
@@ -153,95 +356,58 @@ def stream(run: Pass, watch: Any = None, meter: Any = None, device_side: bool = 
         history = watch.history if watch is not None else None
         next_tick = tuner.next_ns if tuner is not None else 1 << 62
     per_batch = loader.hooks.per_batch  # subscribers to every batch: none by default, and then no call
-    in_main = threading.current_thread() is threading.main_thread()  # see SIGNAL_WAKE_S
+    closed = State.CLOSED
+    last = -1  # the last step counted (the loop's stages may hand on several batches per step)
+    k = 0
     called = clock()
-    restarting = State.RESTARTING
     end = Event.END
     try:
-        step = 0
-        while step < n:
-            if run.state is restarting:  # set_weights: what was built ahead is stale; go on from what was received
-                run.restart()
-                channel, executor, fetcher, n = run.channel, run.executor, run.fetcher, run.steps
-                assert channel is not None
-                take, submit = channel.take, executor.submit
-                submitted, step = _prime(executor, n), 0
-                continue
+        while True:
+            if run.state is closed:
+                raise ended(run)
+            out.called = called
             try:
-                try:
-                    item = take(step, SIGNAL_WAKE_S if in_main else timeout)
-                except TimeoutError:
-                    try:
-                        if not in_main:
-                            raise
-                        item = _take_waking(take, step, timeout, called)
-                    except TimeoutError:
-                        item = watch.wait(run, step, _waking(take) if in_main else take, called)
-            except Closed:
-                raise ended(run) from None
+                batch = pull()
+            except StopIteration:
+                break
             got = clock()
-            limit = step + 1 + executor.depth
-            if limit > n:
-                limit = n
-            while submitted < limit:
-                submit(submitted)
-                submitted += 1
-            if not device_side:
-                run.received = step + 1
-            if fetcher is not None:
-                fetcher.received(step)  # the batch is a copy: its shards may go
-            batch, rows, skipped = item
-            item = None
-            run.submitted = submitted
-            if skipped:
-                run.skipped.extend(skipped)
-            if step == n - 1 and not device_side:
-                loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
+            step, rows = out.taken, out.rows
+            if per_batch:
+                loader.hooks.batch(run, step, got - called, rows)
             if counters is None:
-                if batch is not None:
-                    if per_batch and not device_side:
-                        loader.hooks.batch(run, step, got - called, rows)
-                    yield (step, rows, batch) if device_side else batch
-                    called = clock() if per_batch else called
-                step += 1
-                continue
-            consumer.wait_ns += got - called  # (LoaderMeter.delivered, inline: a call per batch saved)
-            if batch is not None:
-                consumer.batches += 1
-                consumer.samples += rows
-                if consumer.first_wait_ns is None:
-                    consumer.first_wait_ns = got - meter.pass_began
-                if meter.first_batch_ns is None:
-                    meter.first_batch_ns = got - meter.pass_began
-                if history is not None and step:
-                    history.values[history.count % history.size] = (got - called) / 1e9
-                    history.count += 1
-                if per_batch:
-                    loader.hooks.batch(run, step, got - called, rows)
                 yield batch
+                called = clock() if per_batch else called
+                k += 1
+                continue
+            consumer.wait_ns += got - called
+            consumer.batches += 1
+            if step != last:
+                consumer.samples += rows
+                last = step
+            if consumer.first_wait_ns is None:
+                consumer.first_wait_ns = got - meter.pass_began
+            if meter.first_batch_ns is None:
+                meter.first_batch_ns = got - meter.pass_began
+            if history is not None and k:
+                history.values[history.count % history.size] = (got - called) / 1e9
+                history.count += 1
+            yield batch
             done = clock()
             consumer.compute_ns += done - got
             trace(("loop", tid, called, got, done, step))
-            if tuner is not None:
-                if not step % READY_EVERY:
-                    ready = channel.count_ready(step + 1, executor.depth)
-                    if meter.ready is None or ready < meter.ready:
-                        meter.ready = ready
-                if done >= next_tick:
-                    tuner.tick(done, n - step - 1, executor, meter)
-                    next_tick = tuner.next_ns
-            if watch is not None and not step % TIMEOUT_EVERY:
-                timeout = watch.timeout(first=False)
+            if done >= next_tick:
+                tuner.tick(done, run.steps - run.received, run.executor, meter)
+                next_tick = tuner.next_ns
+            if watch is not None and not k % TIMEOUT_EVERY:
+                out.timeout = watch.timeout(first=False)
             called = done
-            step += 1
+            k += 1
     except BaseException as exc:
         end = _raised(run, exc)
         raise
     finally:
-        run.submitted = submitted
-        if not device_side:
-            loader._ended(run, end)  # (its END or FAIL event closes the report's window)
-            run.close()
+        loader._ended(run, end)  # (its END or FAIL event closes the report's window)
+        run.close()
 
 
 def _raised(run: Pass, exc: BaseException) -> Event:
@@ -256,88 +422,8 @@ def _raised(run: Pass, exc: BaseException) -> Event:
     return Event.FAIL
 
 
-def _prime(executor: Any, n: int) -> int:
-    """Submit the first steps of a pass (as many as the executor's depth); how many were submitted."""
-    submitted = min(n, executor.depth)
-    for step in range(submitted):
-        executor.submit(step)
-    return submitted
-
-
 def ended(run: Pass) -> ChuteError:
     """The error of a pass whose channel was closed under it."""
     by = "Loader.close()" if run.loader._pass is run else "a newer pass over the same loader"
     return ChuteError(f"this pass was ended by {by}; a Loader runs one pass at a time: iterate the new pass, or call iter(loader) again")
 
-
-
-
-def device_stream(run: Pass, prefetcher: Any, watch: Any = None, meter: Any = None) -> Iterator[Any]:
-    """The training loop's side with a device: batches from the device stage, in order.
-
-    The device stage's thread runs :func:`stream` (``device_side=True``),
-    which yields ``(step, rows, batch)``; the device stage moves the batch and
-    hands the triple on.
-    """
-    clock = time.perf_counter_ns
-    take = prefetcher.take
-    timeout = watch.timeout(first=True) if watch is not None else -1
-    counters = meter.counters if meter is not None else None
-    loader = run.loader
-    per_batch = loader.hooks.per_batch
-    in_main = threading.current_thread() is threading.main_thread()  # see SIGNAL_WAKE_S
-    called = clock()
-    k = 0
-    end = Event.END
-    try:
-        while True:
-            try:
-                try:
-                    step, rows, batch = take(SIGNAL_WAKE_S if in_main else timeout)
-                except TimeoutError:
-                    take2 = lambda _, t: take(t)  # noqa: E731
-                    try:
-                        if not in_main:
-                            raise
-                        step, rows, batch = _take_waking(take2, None, timeout, called)
-                    except TimeoutError:
-                        step, rows, batch = watch.wait(run, run.received, _waking(take2) if in_main else take2, called)
-            except Closed:
-                raise ended(run) from None
-            except StopIteration:
-                if run.steps:  # the host took the last step, whose batch had every sample skipped
-                    loader._finished(run)
-                return
-            got = clock()
-            run.received = step + 1
-            if step == run.steps - 1:
-                loader._finished(run)  # the last batch is delivered: the epoch is over (docs/loader.md)
-            if counters is not None:
-                meter.delivered(called, got, rows)
-                if watch is not None and k:
-                    watch.history.add((got - called) / 1e9)
-            if per_batch:
-                loader.hooks.batch(run, step, got - called, rows)
-            yield batch
-            done = clock()
-            if counters is not None:
-                counters.consumer.compute_ns += done - got
-                counters.trace.append(("loop", threading.get_ident(), called, got, done, step))
-                tuner = meter.tuner
-                if tuner is not None and done >= tuner.next_ns:
-                    tuner.tick(done, run.steps - run.received, run.executor, meter)
-            if watch is not None and not k % TIMEOUT_EVERY:
-                timeout = watch.timeout(first=False)
-            called = done
-            k += 1
-    except BaseException as exc:
-        end = _raised(run, exc)
-        raise
-    finally:
-        run.close()  # first: the device stage's thread may be waiting on the pass's channel
-        prefetcher.close()
-        loader._ended(run, end)  # (its END or FAIL event closes the report's window)
-
-
-def empty_rows() -> np.ndarray:
-    return np.zeros(0, dtype=np.int64)

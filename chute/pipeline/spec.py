@@ -1,26 +1,45 @@
-"""What ``Loader`` and ``TorchIterable`` share: the dataset, its order, the batch functions, the rank.
+"""What ``Loader`` and ``TorchIterable`` share, written once: the arguments after the dataset and batch size.
 
-Both classes take these arguments with the same names, defaults and checks;
-:meth:`LoaderSpec.of` is the one place they are validated and turned into the
-opened dataset, its :class:`chute.order.Order` and the user's functions, so the
-two constructors cannot drift (``tests/pipeline/test_spec.py`` also compares
-their signatures with :data:`COMMON`). The Loader adds its own settings
-(workers, device, watchdog, columnar) on top.
+:class:`Options` names them and their types (both constructors take them as
+``**options: Unpack[Options]``, so type checkers and editors see each one),
+:data:`DEFAULTS` gives their defaults, and :meth:`LoaderSpec.of` is the one
+place they are validated and turned into the opened dataset, its
+:class:`chute.order.Order`, the user's functions and stages, so the two
+constructors cannot drift (``tests/pipeline/test_spec.py``). The Loader adds
+its own settings (workers, device, watchdog, columnar) on top; an argument
+neither takes is refused with what chute calls it (``config.refuse_habits``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
 from chute.order import Order
 from chute.pipeline.config import Shuffle, check_batch_size, check_seed, check_shuffle
+from chute.pipeline.stage import Stage, batch_stages
 from chute.pipeline.transform import Functions
 
-#: The arguments both constructors take, with their defaults (``dataset`` and ``batch_size`` are required).
-COMMON: dict[str, Any] = {
+
+class Options(TypedDict, total=False):
+    """The arguments ``chute.Loader`` and ``chute.TorchIterable`` share (see ``chute.Loader`` for each)."""
+
+    shuffle: bool | Shuffle
+    seed: int
+    drop_last: bool
+    transform: Callable[[dict[str, Any]], Any] | Any | None
+    batch_transform: Callable[[Any], Any] | None
+    collate: Callable[[list[Any]], Any] | None
+    on_error: str
+    stages: Sequence[Stage] | None
+    rank: int | None
+    world_size: int | None
+
+
+#: The default of every option (the keys are :class:`Options`' names).
+DEFAULTS: dict[str, Any] = {
     "shuffle": False,
     "seed": 0,
     "drop_last": False,
@@ -28,6 +47,7 @@ COMMON: dict[str, Any] = {
     "batch_transform": None,
     "collate": None,
     "on_error": "raise",
+    "stages": None,
     "rank": None,
     "world_size": None,
 }
@@ -35,42 +55,36 @@ COMMON: dict[str, Any] = {
 
 @dataclasses.dataclass(frozen=True)
 class LoaderSpec:
-    """The validated common settings: the opened dataset and its order, the functions, this rank's place."""
+    """The validated common settings: the opened dataset and its order, the functions and stages, this rank's place."""
 
     dataset: Any
     order: Order
     batch_size: int
     shuffle: Shuffle | None
     fns: Functions
+    stages: tuple[Stage, ...]
     rank: int
     world_size: int
 
     @classmethod
-    def of(
-        cls,
-        dataset: Any,
-        batch_size: int,
-        *,
-        shuffle: bool | Shuffle = False,
-        seed: int = 0,
-        drop_last: bool = False,
-        transform: Callable[[dict[str, Any]], Any] | Any | None = None,
-        batch_transform: Callable[[Any], Any] | None = None,
-        collate: Callable[[list[Any]], Any] | None = None,
-        on_error: str = "raise",
-        rank: int | None = None,
-        world_size: int | None = None,
-    ) -> LoaderSpec:
-        """Check the arguments (each error names the argument and what it takes) and open the dataset."""
+    def of(cls, dataset: Any, batch_size: int, options: dict[str, Any]) -> LoaderSpec:
+        """Check the arguments (each error names the argument and what it takes) and open the dataset.
+
+        ``options`` holds the :class:`Options` given (the others take their
+        :data:`DEFAULTS`); any other key is left in it for the caller to refuse.
+        """
+        given = {name: options.pop(name) for name in list(options) if name in DEFAULTS}
+        o = {**DEFAULTS, **given}
         batch_size = check_batch_size(batch_size)
-        checked_shuffle = check_shuffle(shuffle)
-        seed = check_seed(seed)
-        if not isinstance(drop_last, bool):
-            raise TypeError(f"drop_last must be True or False, got {drop_last!r}")
-        opened, order = dataset_and_order(dataset, batch_size, checked_shuffle, seed, drop_last)
-        fns = Functions(transform, batch_transform, collate, on_error)
-        rank, world_size = distributed_defaults(rank, world_size)
-        return cls(opened, order, batch_size, checked_shuffle, fns, rank, world_size)
+        checked_shuffle = check_shuffle(o["shuffle"])
+        seed = check_seed(o["seed"])
+        if not isinstance(o["drop_last"], bool):
+            raise TypeError(f"drop_last must be True or False, got {o['drop_last']!r}")
+        opened, order = dataset_and_order(dataset, batch_size, checked_shuffle, seed, o["drop_last"])
+        fns = Functions(o["transform"], o["batch_transform"], o["collate"], o["on_error"])
+        stages = tuple(batch_stages(o["stages"]))
+        rank, world_size = distributed_defaults(o["rank"], o["world_size"])
+        return cls(opened, order, batch_size, checked_shuffle, fns, stages, rank, world_size)
 
 
 def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:

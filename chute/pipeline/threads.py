@@ -1,4 +1,4 @@
-"""The thread executor: batch tasks on worker threads, results into the pass's channel.
+"""The thread executor: fused tasks (``chute.pipeline.task``) on worker threads, results into the pass's channel.
 
 The consumer submits steps (``submit``) at most ``depth`` ahead of what it has
 taken; each worker takes the next step from a queue, runs the batch task and
@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 from chute._channel import Channel, Failure
 
 if TYPE_CHECKING:
-    from chute.observe.counters import Stage
-    from chute.pipeline.task import BatchTask
+    from chute.observe.counters import StageCounter
+    from chute.pipeline.task import Task
 
 _STOP = -1  # every thread exits
 _RETIRE = -2  # the one thread that takes it exits
 
 
-def _work(tasks: queue.SimpleQueue, task: BatchTask, channel: Channel, stage: Stage | None) -> None:
+def _work(tasks: queue.SimpleQueue, task: Task, channel: Channel, stage: StageCounter | None) -> None:
     clock = time.perf_counter_ns
     get, put = tasks.get, channel.put
     w = task.register(threading.get_ident())
@@ -62,7 +62,7 @@ class ThreadExecutor:
     """Runs ``task`` for submitted steps on ``threads`` daemon threads, results into ``channel``."""
 
     def __init__(
-        self, task: BatchTask, channel: Channel, threads: int, depth: int, name: str = "chute-loader", stage: Stage | None = None
+        self, task: Task, channel: Channel, threads: int, depth: int, name: str = "chute-loader", stage: StageCounter | None = None
     ) -> None:
         if threads < 1 or depth < 1:
             raise ValueError(f"threads and depth must be at least 1, got {threads} and {depth}")

@@ -31,16 +31,24 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from chute._arena import Arena
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
-from chute.pipeline.config import Shuffle
+from chute.pipeline.chain import plan
+from chute.pipeline.config import refuse_habits
+from chute.pipeline.indices import BatchIndices
 from chute.pipeline.spec import LoaderSpec
-from chute.pipeline.transform import Transform
+from chute.pipeline.task import Task
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from chute.pipeline.spec import Options
 
 #: DataLoader workers an :class:`EpochCounter` keeps a count for.
 MAX_WORKERS = 256
@@ -106,27 +114,19 @@ class EpochCounter:
 class TorchIterable(torch.utils.data.IterableDataset):
     """Batches of a chute dataset, for ``DataLoader(..., batch_size=None)`` (see the module docstring)."""
 
-    def __init__(
-        self,
-        dataset: Dataset | str | os.PathLike,
-        batch_size: int,
-        *,
-        shuffle: bool | Shuffle = False,
-        seed: int = 0,
-        drop_last: bool = False,
-        transform: Callable[[dict[str, Any]], Any] | None = None,
-        batch_transform: Callable[[Any], Any] | None = None,
-        collate: Callable[[list[Any]], Any] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        on_error: str = "raise",
-    ) -> None:
-        self.spec = spec = LoaderSpec.of(
-            dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform,
-            batch_transform=batch_transform, collate=collate, on_error=on_error, rank=rank, world_size=world_size,
-        )
+    def __init__(self, dataset: Dataset | str | os.PathLike, batch_size: int, **options: Unpack[Options]) -> None:
+        rest: dict[str, Any] = dict(options)
+        self.spec = spec = LoaderSpec.of(dataset, batch_size, rest)
+        refuse_habits(rest, "chute.TorchIterable")
         self.dataset, self.order, self.batch_size = spec.dataset, spec.order, spec.batch_size
         self.fns, self.rank, self.world_size = spec.fns, spec.rank, spec.world_size
+        self.chain = plan(spec.fns, spec.stages, device=False)
+        if self.chain.threads or self.chain.loop:
+            stage = (self.chain.threads + self.chain.loop)[0]  # type: ignore[operator]
+            raise ValueError(
+                f"stage {stage.name!r} runs where={stage.where!r}: a TorchIterable runs its stages in the DataLoader's "
+                "workers (where='workers'); run the others after the DataLoader"
+            )
         self.epochs = EpochCounter()
 
     def set_epoch(self, epoch: int) -> None:
@@ -160,8 +160,7 @@ class TorchIterablePass:
         self.source = source
         self.epoch, self.worker, self.workers = epoch, worker, workers
         self.step = worker  # the next step this worker builds
-        self._transform: Transform | None = None
-        self._progress = [-1]
+        self._task: Task | None = None
 
     def __iter__(self) -> TorchIterablePass:
         return self
@@ -171,12 +170,15 @@ class TorchIterablePass:
         steps = len(source)
         while self.step < steps:
             step, self.step = self.step, self.step + self.workers
-            indices = source.order.batch(self.epoch, step, source.rank, source.world_size)
-            batch = source.dataset.get_batch(indices)  # fresh tensors: the DataLoader moves them to shared memory
-            if not source.fns.identity:
-                if self._transform is None:
-                    self._transform = Transform(source.fns, source.dataset, None, source.order.seed)
-                batch, _ = self._transform(batch, indices, self.epoch, self._progress, 0)
+            if self._task is None:  # the Loader's fused task, run here (its blocks are reused once the batch is dropped)
+                seed = source.order.seed
+                indices = BatchIndices(source.order, self.epoch, source.rank, source.world_size, 0)
+                self._task = Task(
+                    indices, source.chain.worker_stages(source.dataset, seed), self.epoch, seed, Arena(),
+                    dataset=source.dataset, on_error=source.fns.on_error,
+                )
+                self._task.register(0)
+            (batch, _, _), _ = self._task(step, time.perf_counter_ns(), 0)
             if batch is not None:
                 return batch
         raise StopIteration
@@ -210,4 +212,5 @@ class TorchIterablePass:
                 f"{state.get('workers')}'s, this is worker {self.worker} of {self.workers}; resume with the same num_workers"
             )
         self.epoch, self.step = epoch, int(state["step"])
+        self._task = None
         source.epochs.resumed(self.worker, epoch)

@@ -1,6 +1,6 @@
-"""The transform stage: the user's functions, run on a gathered batch inside its batch task.
+"""The transform stage: the Loader's ``transform=`` (and ``collate=``), run on the workers on a gathered batch.
 
-Three kinds of user code, all optional (:class:`Functions`):
+The Loader's function arguments (:class:`Functions`) are sugar for stages:
 
 ``transform``
     Either a function of one sample (a dict, as ``dataset[i]`` returns it),
@@ -8,11 +8,13 @@ Three kinds of user code, all optional (:class:`Functions`):
     (``chute.pipeline.collate``, or the user's ``collate``); or an object with
     a ``transform_batch(batch, ctx)`` method (such as the image transforms of
     ``chute.images``), called once with the whole gathered batch and a
-    :class:`BatchContext`, which returns the batch.
+    :class:`BatchContext`, which returns the batch. Both are the
+    :class:`Transform` stage (named ``transform``).
 ``collate``
     list of samples -> batch, replacing the default.
 ``batch_transform``
-    batch -> batch, once per batch, last.
+    batch -> batch, once per batch: ``chute.BatchStage(fn, name="batch_transform")``
+    on the workers, after the transform.
 
 A sample whose transform raises fails the batch with a :class:`TransformError`
 naming the sample and shard, or is skipped (``on_error="skip"``). While a
@@ -43,6 +45,7 @@ from chute.format.reader import Dataset
 from chute.format.schema import Scalar
 from chute.pipeline.collate import Collate
 from chute.pipeline.randomness import scope, uniform
+from chute.pipeline.stage import BatchStage
 
 
 class TransformError(ChuteError):
@@ -72,43 +75,40 @@ class Functions:
         return hasattr(self.transform, "transform_batch")
 
     @property
-    def per_sample(self) -> bool:
-        """Whether the batch is taken apart into samples (a per-sample transform or a user collate)."""
-        return (self.transform is not None and not self.batched) or self.collate is not None
-
-    @property
-    def gil_free(self) -> bool:
-        """Whether the work of a batch runs without the GIL: a transform that says so (``gil_free = True``,
-        as chute.images' Decode) and no Python batch_transform or collate beside it."""
-        return bool(getattr(self.transform, "gil_free", False)) and self.batch_transform is None and self.collate is None
-
-    @property
-    def identity(self) -> bool:
-        return self.transform is None and self.collate is None and self.batch_transform is None
+    def transforms(self) -> bool:
+        """Whether there is a :class:`Transform` stage (a transform, or a collate of the gathered samples)."""
+        return self.transform is not None or self.collate is not None
 
 
 class BatchContext:
-    """What a batch-level transform receives besides the batch.
+    """What a batch-level stage receives besides the batch, on the workers (``map(batch, ctx)``).
 
-    ``indices`` are the dataset rows of the batch (int64), ``epoch`` and
-    ``seed`` those of the Loader. :meth:`take` gives an output block from the
-    Loader's pool (reused once the user drops the batch; pinned when the
-    Loader copies to a CUDA device): write results there instead of allocating.
-    :meth:`random` gives the batch's random numbers (a function of the rows,
-    not of the thread or the order batches are built in). A sample that cannot
-    be transformed is reported with :meth:`fail`: it is skipped or fails the
-    batch, as the Loader's ``on_error`` says.
+    ``indices`` are the dataset rows of the batch (int64; a sample skipped by a
+    stage before is no longer among them), ``epoch`` and ``seed`` those of the
+    Loader, ``step`` the batch's step in the pass. :meth:`take` gives an output
+    block from the Loader's pool (reused once the user drops the batch; pinned
+    when the Loader copies to a CUDA device): write results there instead of
+    allocating. :meth:`random` gives the batch's random numbers (a function of
+    the rows, not of the thread or the order batches are built in). A sample
+    that cannot be transformed is reported with :meth:`fail`: it is skipped or
+    fails the batch, as the Loader's ``on_error`` says.
+
+    One context per worker, reused from batch to batch: valid during the call.
     """
 
-    __slots__ = ("indices", "epoch", "seed", "pool", "on_error", "skipped", "_describe")
+    __slots__ = ("indices", "epoch", "seed", "pool", "on_error", "skipped", "step", "worker", "progress", "parts", "_describe")
 
     def __init__(
-        self, indices: np.ndarray, epoch: int, seed: int, pool: Arena | None,
+        self, indices: np.ndarray | None, epoch: int, seed: int, pool: Arena | None,
         on_error: str = "raise", describe: Callable[[int], str] | None = None,
     ) -> None:
         self.indices, self.epoch, self.seed, self.pool = indices, epoch, seed, pool
         self.on_error = on_error
-        self.skipped: list[int] = []  # positions in the batch of the samples given up on
+        self.skipped: list[int] = []  # positions in the batch of the samples given up on (by the stage running now)
+        self.step = -1
+        self.worker = 0  # the worker's number: its slot in ``progress``
+        self.progress: list[int] = [-1]  # per worker: the sample being transformed (the hang watchdog reads it)
+        self.parts: tuple[int, ...] = ()  # the running stage's own breakdown of its time (the transform's)
         self._describe = describe
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype | np.dtype) -> torch.Tensor:
@@ -120,10 +120,12 @@ class BatchContext:
 
     def random(self, k: int, stream: int = 0) -> np.ndarray:
         """``float64[n, k]`` in [0, 1), row ``i`` a function of ``(seed, epoch, stream, indices[i])`` only."""
+        assert self.indices is not None, "set for each batch"
         return uniform(self.seed, self.epoch, self.indices, k, stream)
 
     def describe(self, j: int) -> str:
         """Sample ``j`` of the batch for a message: its dataset row and shard."""
+        assert self.indices is not None, "set for each batch"
         row = int(self.indices[j])
         return self._describe(row) if self._describe is not None else f"sample {row}"
 
@@ -136,61 +138,55 @@ class BatchContext:
         raise TransformError(f"{what} for {self.describe(j)}{cause}. Pass on_error='skip' to skip such samples") from exc
 
 
-class Transform:
-    """Applies :class:`Functions` to gathered batches of ``dataset``."""
+class Transform(BatchStage):
+    """The ``transform`` stage: a per-sample function and the collate, or a batch-level transform object.
 
-    def __init__(self, fns: Functions, dataset: Dataset, pool: Arena | None, seed: int = 0) -> None:
-        self.fns, self.dataset, self.pool, self.seed = fns, dataset, pool, seed
+    Runs on the workers. A per-sample function runs in a loop over the
+    batch's samples, whose results are collated (``chute.pipeline.collate``, or
+    the user's ``collate``); a ``transform_batch(batch, ctx)`` object is called
+    once with the whole batch. Its time is split into ``per_sample`` and
+    ``collate`` (``ctx.parts``), which the report names.
+    """
+
+    _builtin = True  # chute's own: its errors name the sample already
+
+    def __init__(self, fns: Functions, dataset: Dataset, seed: int = 0) -> None:
+        super().__init__(name="transform", where="workers", gil=not getattr(fns.transform, "gil_free", False) or fns.collate is not None)
+        self.fns, self.dataset, self.seed = fns, dataset, seed
         self.scalars = {name for name, ctype in dataset.schema if isinstance(ctype, Scalar)}
 
-    def __call__(self, batch: dict[str, Any], indices: np.ndarray, epoch: int, progress: list[int], w: int) -> tuple[Any, list[int]]:
-        """``(batch, skipped rows)``; the batch is None when every sample was skipped.
-
-        ``times`` holds, after the call, the nanoseconds spent in the
-        per-sample loop, the collate and the batch transform (for the counters).
-        """
+    def map(self, batch: Any, ctx: Any) -> Any:
+        """The transformed batch (None when every sample was skipped); skipped samples' positions in ``ctx.skipped``."""
         fns = self.fns
-        skipped: list[int] = []
         clock = time.perf_counter_ns
         began = clock()
         collate_ns = 0
         if fns.batched:
-            ctx = BatchContext(indices, epoch, self.seed, self.pool, fns.on_error, self.describe)
             batched: Any = fns.transform  # batched: it has transform_batch
             batch = batched.transform_batch(batch, ctx)
-            if ctx.skipped:
-                skipped = [int(indices[j]) for j in ctx.skipped]
-        elif fns.per_sample:
-            batch, skipped, collate_ns = self._per_sample(batch, indices, epoch, progress, w)
-        per_sample = clock()
-        if fns.batch_transform is not None and batch is not None:
-            try:
-                batch = fns.batch_transform(batch)
-            except Exception as exc:
-                first = self.describe(int(indices[0])) if len(indices) else "an empty batch"
-                raise TransformError(
-                    f"batch_transform {_name(fns.batch_transform)} failed on a batch of {len(indices)} samples "
-                    f"starting with {first}: {type(exc).__name__}: {exc}"
-                ) from exc
-        self.times = (per_sample - began - collate_ns, collate_ns, clock() - per_sample)
-        return batch, skipped
+        else:
+            batch, collate_ns = self._per_sample(batch, ctx)
+        ctx.parts = (clock() - began - collate_ns, collate_ns)
+        return batch
 
-    def _per_sample(self, batch: dict[str, Any], indices: np.ndarray, epoch: int, progress: list[int], w: int) -> tuple[Any, list[int], int]:
+    def _per_sample(self, batch: dict[str, Any], ctx: BatchContext) -> tuple[Any, int]:
         fns = self.fns
         samples = unbind(batch, self.scalars)
+        indices: Any = ctx.indices  # set for each batch
         rows = indices.tolist()
         origin = self._origin(rows)
-        collate = None if fns.collate is not None else Collate(len(rows), self.pool, origin)
+        collate = None if fns.collate is not None else Collate(len(rows), ctx.pool, origin)
+        skipped = ctx.skipped
+        progress, w = ctx.progress, ctx.worker
         if fns.transform is None:
             kept = samples
-            skipped: list[int] = []
         else:
             fn = fns.transform
-            kept, skipped = [], []
+            kept = []
             add = kept.append if collate is None else collate.add
             skip = fns.on_error == "skip"
             sample = scope()  # what chute.sample_rng() reads: this batch's seed, epoch and rows, and the sample
-            sample.seed, sample.epoch, sample.rows = self.seed, epoch, rows
+            sample.seed, sample.epoch, sample.rows = self.seed, ctx.epoch, rows
             try:
                 for j in range(len(samples)):
                     progress[w] = sample.j = j
@@ -198,7 +194,7 @@ class Transform:
                         value = fn(samples[j])
                     except Exception as exc:
                         if skip:
-                            skipped.append(rows[j])
+                            skipped.append(j)
                             continue
                         raise TransformError(
                             f"transform {_name(fn)} failed on {self.describe(rows[j])}: {type(exc).__name__}: {exc}. "
@@ -212,26 +208,34 @@ class Transform:
             finally:
                 progress[w] = sample.j = -1
             if skipped and collate is not None:
-                kept_rows = [r for r in rows if r not in set(skipped)]
-                collate.origin = self._origin(kept_rows)
+                gone = set(skipped)
+                collate.origin = self._origin([r for j, r in enumerate(rows) if j not in gone])
         began = time.perf_counter_ns()
         if collate is not None:
             if not collate.samples and not collate.count:
-                return None, skipped, 0
+                return None, 0
             batch = collate.result()
         elif not kept:
-            return None, skipped, 0
+            return None, 0
         else:
             user_collate: Any = fns.collate  # set whenever the streaming collate is not used
             batch = user_collate(kept)
-        return batch, skipped, time.perf_counter_ns() - began
+        return batch, time.perf_counter_ns() - began
 
     def _origin(self, rows: list[int]) -> Callable[[int], str]:
         return lambda j: self.describe(rows[j])
 
     def describe(self, index: int) -> str:
-        shard, row = self.dataset.locate(index)
-        return f"sample {index} (shard {self.dataset.shards[shard].file}, row {row})"
+        return describe_row(self.dataset, index)
+
+
+def describe_row(dataset: Any, index: int) -> str:
+    """Dataset row ``index`` for a message: its shard file and row there."""
+    try:
+        shard, row = dataset.locate(index)
+        return f"sample {index} (shard {dataset.shards[shard].file}, row {row})"
+    except Exception:
+        return f"sample {index}"
 
 
 def unbind(batch: dict[str, Any], scalars: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:

@@ -3,9 +3,10 @@
 Started with ``spawn`` by :class:`chute.pipeline.processes.ProcessPool`. It
 receives the dataset (which maps its shards again here), the order and the
 user's functions once, then tasks ``(pass, epoch, start, step, slot, segment)``
-through its pipe. For each it builds the batch with the same stages as a
-thread worker (indices, gather, transform, collate), writes its tensors into
-the ring slot and sends the rest back (``chute.pipeline.wire``). A remote
+through its pipe. For each it builds the batch with the same fused task as a
+thread worker (``chute.pipeline.task``: order, read, the stages on the
+workers), writes its tensors into the ring slot and sends the rest back with
+the clock between the stages (``chute.pipeline.wire``). A remote
 dataset's shards are read as guests of the main process's holds, and stay
 mapped until a ``("drop", shard)`` message says the main process let go.
 
@@ -35,10 +36,9 @@ import torch
 
 from chute._arena import Arena
 from chute.errors import ChuteError
-from chute.pipeline.gather import Gather
 from chute.pipeline.indices import BatchIndices
 from chute.pipeline.shm import Segment
-from chute.pipeline.transform import Transform
+from chute.pipeline.task import Task
 from chute.pipeline.wire import encode, encode_exception
 
 STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # asks a worker for its stacks (the hang watchdog)
@@ -67,15 +67,13 @@ def worker_main(conn: connection.Connection, setup: bytes, stacks: connection.Co
 
 
 class Builder:
-    """Builds one step's batch in a worker: the thread workers' stages, in this process."""
+    """Builds one step's batch in a worker: the thread workers' fused task, in this process."""
 
-    def __init__(self, dataset: Any, order: Any, fns: Any, rank: int, world_size: int, columnar: bool = False) -> None:
-        self.dataset, self.order, self.fns, self.rank, self.world_size = dataset, order, fns, rank, world_size
+    def __init__(self, dataset: Any, order: Any, chain: Any, rank: int, world_size: int) -> None:
+        self.dataset, self.order, self.chain, self.rank, self.world_size = dataset, order, chain, rank, world_size
         self.pool = Arena()  # batches are copied into the ring and dropped: their blocks are reused
-        self.gather = Gather(dataset, self.pool, columnar)
-        self.transform = None if fns.identity else Transform(fns, dataset, self.pool, order.seed)
-        self._indices: collections.OrderedDict[tuple[int, int], BatchIndices] = collections.OrderedDict()
-        self.progress = [-1]
+        self.stages = chain.worker_stages(dataset, order.seed)
+        self._tasks: collections.OrderedDict[tuple[int, int], Task] = collections.OrderedDict()
         # A remote dataset's shards: the main process's downloader holds a batch's shards from before it
         # sends the step until after the reply, so they are read here as guests (no hold of this process),
         # and stay mapped until the main process says it let them go (a "drop" message: see serve).
@@ -83,38 +81,37 @@ class Builder:
         # here past it, a shard would keep the downloader from evicting it for the shards of later steps.
         self.cache = getattr(dataset, "cache", None)
 
-    def indices(self, epoch: int, start: int, step: int) -> Any:
+    def task(self, epoch: int, start: int) -> Task:
+        """The task of the pass over ``epoch`` from ``start`` (the two latest are kept)."""
         key = (epoch, start)
-        indices = self._indices.get(key)
-        if indices is None:
-            indices = self._indices[key] = BatchIndices(self.order, epoch, self.rank, self.world_size, start)
-            if len(self._indices) > 2:
-                self._indices.popitem(last=False)
-        return indices.rows(step)
+        task = self._tasks.get(key)
+        if task is None:
+            indices = BatchIndices(self.order, epoch, self.rank, self.world_size, start)
+            task = self._tasks[key] = Task(
+                indices, self.stages, epoch, self.order.seed, self.pool, dataset=self.dataset, on_error=self.chain.fns.on_error,
+            )
+            task.register(0)
+            if len(self._tasks) > 2:
+                self._tasks.popitem(last=False)
+        return task
 
     def let_go(self, shard: int) -> None:
         """The main process let go of ``shard``: unmap it here (see chute/pipeline/processes.py, let_go)."""
         if self.cache is not None:
             self.cache.let_go(shard)
 
-    def __call__(self, epoch: int, start: int, step: int) -> tuple[Any, int, list[int], tuple[int, ...]]:
-        """``(batch, rows, skipped, times)``: times are ``(start, read, end)`` and the transform's parts."""
-        began = time.perf_counter_ns()
-        indices = self.indices(epoch, start, step)
+    def __call__(self, epoch: int, start: int, step: int) -> tuple[Any, int, list[int], tuple[list[int], tuple[int, ...]]]:
+        """``(batch, rows, skipped, (marks, parts))``: the clock between the task's stages, and the transform's parts."""
+        task = self.task(epoch, start)
         cache = self.cache
+        reads = contextlib.nullcontext() if cache is None else cache.guest_reads(self.dataset.shards_of(task.indices.rows(step)))
         try:
-            with contextlib.nullcontext() if cache is None else cache.guest_reads(self.dataset.shards_of(indices)):
-                batch = self.gather(indices, len(indices))
-                read = time.perf_counter_ns()
-                skipped: list[int] = []
-                parts: tuple[int, ...] = (0, 0, 0)
-                if self.transform is not None:
-                    batch, skipped = self.transform(batch, indices, epoch, self.progress, 0)
-                    parts = self.transform.times
+            with reads:
+                (batch, rows, skipped), _ = task(step, time.perf_counter_ns(), 0)
         finally:
             if cache is not None:
                 self.dataset.release_direct_holds()
-        return batch, len(indices) - len(skipped), skipped, (began, read, time.perf_counter_ns(), *parts)
+        return batch, rows, skipped, (task.marks[0], task._contexts[0].parts)
 
 
 def serve(conn: connection.Connection, builder: Builder) -> None:

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import chute
-from chute.pipeline.stage import LoaderStage, Map
 
 
 def chute_threads() -> set[threading.Thread]:
@@ -76,8 +75,12 @@ def test_no_thread_survives_close_of_a_mixture(ds, tmp_path):
 
 def test_no_thread_survives_close_of_stages(ds):
     before = chute_threads()
-    stages = Map(LoaderStage(chute.Loader(ds, 16)), lambda b: b, threads=2)
+    loader = chute.Loader(ds, 16, device="cpu", stages=[
+        chute.BatchStage(lambda b: b, name="on_workers"), chute.BatchStage(lambda b: b, name="on_a_thread", where="thread"),
+    ])
+    stages = chute.BatchStage(lambda b: b, name="after", source=loader)
     next(stages), next(stages)
+    assert {t.name for t in chute_threads() - before} >= {"chute-stage-on_a_thread-r0", "chute-device:cpu"}
     stages.close()
     assert not {t.name for t in chute_threads() - before}
 

@@ -1,25 +1,36 @@
-"""Loader and TorchIterable take the common arguments through one spec, so they cannot drift."""
+"""Loader and TorchIterable take the common arguments through one spec, written once, so they cannot drift."""
 
 from __future__ import annotations
 
 import inspect
+import typing
 
 import numpy as np
 import pytest
 
 import chute
-from chute.pipeline.spec import COMMON, LoaderSpec
+from chute.pipeline.spec import DEFAULTS, Options
+
+
+def test_the_common_arguments_are_written_once_with_their_defaults():
+    assert list(typing.get_type_hints(Options, include_extras=True)) == list(DEFAULTS)
 
 
 @pytest.mark.parametrize("cls", [chute.Loader, chute.TorchIterable])
-def test_both_constructors_take_the_common_arguments_with_the_same_defaults(cls):
+def test_both_constructors_take_the_common_arguments_as_the_options(cls):
     params = inspect.signature(cls.__init__).parameters
     assert list(params)[1:3] == ["dataset", "batch_size"]
-    for name, default in COMMON.items():
-        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
-        assert params[name].default == default, name
-    spec = inspect.signature(LoaderSpec.of).parameters
-    assert {n: p.default for n, p in spec.items() if n in COMMON} == COMMON
+    options = params["options"]
+    assert options.kind is inspect.Parameter.VAR_KEYWORD and "Unpack[Options]" in str(options.annotation)
+    assert not set(params) & set(DEFAULTS)  # none of them written out a second time
+
+
+@pytest.mark.parametrize("cls", [chute.Loader, chute.TorchIterable])
+def test_both_refuse_an_argument_neither_takes_naming_what_chute_calls_it(ds, cls):
+    with pytest.raises(TypeError, match=r"num_workers=: chute's Loader takes workers=chute.Workers"):
+        cls(ds, 4, num_workers=2)
+    with pytest.raises(TypeError, match=rf"{cls.__name__} got unexpected argument\(s\): shufle=: not an argument of chute.{cls.__name__}"):
+        cls(ds, 4, shufle=True)
 
 
 @pytest.fixture(scope="module")

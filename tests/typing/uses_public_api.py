@@ -29,9 +29,44 @@ def train(path: str) -> None:
     resumed.close()
 
 
+def double(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {**batch, "image": batch["image"] * 2}
+
+
+class Count(chute.Stage):
+    name = "count"
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def reset(self, state: dict | None = None) -> None:
+        super().reset(state)
+        self.source.reset(None if state is None else state["source"])
+        self.seen = 0 if state is None else state["seen"]
+
+    def next(self) -> dict[str, torch.Tensor]:
+        batch = self.source.next()
+        self.seen += 1
+        return batch
+
+    def state(self) -> dict:
+        return {"source": self.source.state(), "seen": self.seen}
+
+
+def stages(path: str) -> None:
+    loader = chute.Loader(path, 256, stages=[chute.BatchStage(double, name="double", where="workers"), Count()])
+    after = chute.BatchStage(double, name="again", where="loop", source=loader)
+    for batch in after:
+        batch["image"].sum()
+    loader.load_state_dict(loader.state_dict())
+    iterable = chute.TorchIterable(path, 256, stages=[chute.BatchStage(double, name="double")])
+    len(iterable)
+    chute.Loader(path, 256, shuffle=True, seed=0, transform=None, on_error="skip", rank=0, world_size=1)
+
+
 def write(path: str) -> chute.Dataset:
     samples = ({"image": np.zeros((3, 32, 32), np.uint8), "label": i} for i in range(10))
-    return chute.write(samples, path, overwrite=True)
+    return chute.write(samples, path, overwrite=True, shard_size="64MB", compression=None)
 
 
 def wrap(batches: list[dict[str, torch.Tensor]]) -> None:
