@@ -28,7 +28,7 @@ import re
 import secrets
 import shutil
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypedDict
 
 import pyarrow as pa
 
@@ -38,6 +38,32 @@ from chute.errors import ChuteError, SchemaError, WriteError
 from chute.format.builders import make_builder
 from chute.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, checksum_file, local_path, parse_manifest
 from chute.format.schema import ColumnType, Schema, check_keys, infer_schema
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class WriteOptions(TypedDict, total=False):
+    """How a dataset is written, written once: ``chute.Writer``, ``chute.write``, the converters' writer and
+    ``chute.ray.write`` take these (``chute.storage.write.StoreOptions`` adds where to). See :class:`Writer`."""
+
+    schema: Schema | Mapping[str, ColumnType] | None
+    shard_size: int | str
+    metadata: Mapping[str, Any] | None
+    overwrite: bool
+    lookahead: int
+    checksum: str
+    durable: bool
+
+
+def write_options(given: Mapping[str, Any], where: str, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``given`` with every :class:`WriteOptions` default filled in (and ``defaults``'); a TypeError naming any
+    argument ``where`` does not take."""
+    known = {**WRITE_DEFAULTS, **(defaults or {})}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise TypeError(f"{where} got unexpected keyword argument(s): {', '.join(unknown)}")
+    return {**known, **given}
 
 
 class Upload(Protocol):
@@ -62,6 +88,11 @@ class Target(NamedTuple):
 
 DEFAULT_SHARD_SIZE = 128 * 2**20
 DEFAULT_LOOKAHEAD = 64
+#: The default of every :class:`WriteOptions` argument.
+WRITE_DEFAULTS: dict[str, Any] = {
+    "schema": None, "shard_size": DEFAULT_SHARD_SIZE, "metadata": None, "overwrite": False,
+    "lookahead": DEFAULT_LOOKAHEAD, "checksum": "xxh3_128", "durable": True,
+}
 LOCK_NAME = ".chute-write.lock"
 TMP_SUFFIX = ".chute-tmp"
 # shard-NNNNN.<token>.arrow; shards written by several processes (chute.ray) add the writer: shard-WWWWW-NNNNN
@@ -193,34 +224,28 @@ class Writer:
 
     Without ``schema`` the column types are inferred from the first ``lookahead``
     samples (so a column whose shape varies within that window becomes ragged) and
-    every later sample is checked against them.
+    every later sample is checked against them. ``shard_size`` is the target size
+    of one shard in bytes (or a string such as ``"128MB"``), ``metadata`` goes into
+    the manifest, ``overwrite`` replaces a dataset already there (once this one is
+    complete), ``checksum`` names the shards' hash, ``durable`` fsyncs each file
+    before it is renamed (:class:`WriteOptions`).
 
     This class writes to a local directory (or the ``target`` storage gives it);
     ``chute.Writer`` (chute/storage/write.py) also takes a URL and compression.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        *,
-        schema: Schema | Mapping[str, ColumnType] | None = None,
-        shard_size: int | str = DEFAULT_SHARD_SIZE,
-        metadata: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-        lookahead: int = DEFAULT_LOOKAHEAD,
-        checksum: str = "xxh3_128",
-        durable: bool = True,
-        target: Target | None = None,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike, *, target: Target | None = None, **options: Unpack[WriteOptions]) -> None:
+        o = write_options(options, "chute.Writer")
+        schema = o["schema"]
         if target is None:
             root = os.path.abspath(local_path(os.fspath(path), "write to"))
             target = Target(root, root)
         self.root, self.url, self.upload, self.staging = target
-        self.shard_size = max(1, parse_size(shard_size))
-        self.metadata = dict(metadata or {})
-        self.lookahead = max(1, int(lookahead))
-        self.checksum = checksum
-        self.durable = durable
+        self.shard_size = max(1, parse_size(o["shard_size"]))
+        self.metadata = dict(o["metadata"] or {})
+        self.lookahead = max(1, int(o["lookahead"]))
+        self.checksum = o["checksum"]
+        self.durable = o["durable"]
         self.token = secrets.token_hex(4)
         self.position = 0
         self.schema: Schema | None = None
@@ -233,7 +258,7 @@ class Writer:
         self._tmp_files: set[str] = set()
         if schema is not None:
             self._set_schema(schema if isinstance(schema, Schema) else Schema.from_dict(dict(schema)))
-        self._previous = self._begin(overwrite)
+        self._previous = self._begin(o["overwrite"])
 
     # ------------------------------------------------------------------ lifecycle
 

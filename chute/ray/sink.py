@@ -20,7 +20,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -32,14 +32,17 @@ import chute
 from chute._sizes import parse_size
 from chute.errors import ChuteError, SchemaError
 from chute.format.manifest import Manifest, ShardInfo
-from chute.format.schema import ColumnType, Schema
-from chute.format.writer import DEFAULT_SHARD_SIZE, TMP_SUFFIX, ShardWriter
+from chute.format.schema import Schema
+from chute.format.writer import TMP_SUFFIX, ShardWriter
 from chute.ray.columns import block_samples, chute_schema, plan_block_columns
 from chute.storage.net.remote import Remote, is_remote
-from chute.storage.write import Writer, destination
+from chute.storage.write import Writer, destination, store_options
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from chute.sources.parts import SourcePlan
+    from chute.storage.write import StoreOptions
 
 
 class ChuteDatasink(Datasink):
@@ -52,29 +55,23 @@ class ChuteDatasink(Datasink):
     """
 
     def __init__(
-        self,
-        path: str | os.PathLike,
-        *,
-        schema: Schema | Mapping[str, ColumnType],
-        shard_size: int | str = DEFAULT_SHARD_SIZE,
-        metadata: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-        compression: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        durable: bool = True,
-        plan: SourcePlan | None = None,
-        parts_per_write: int | None = None,
+        self, path: str | os.PathLike, *, plan: SourcePlan | None = None, parts_per_write: int | None = None,
+        **options: Unpack[StoreOptions],
     ) -> None:
+        if options.get("schema") is None:
+            raise TypeError("ChuteDatasink needs schema= (chute.ray.write derives it from the Ray dataset)")
+        o = store_options(options, "ChuteDatasink")
         self.path = os.fspath(path)
         self.plan = plan  # chute convert --ray: the blocks hold part numbers of this plan
         self.parts_per_write = parts_per_write  # with a plan: how many parts make about one shard
+        schema = o["schema"]
         self.schema = schema if isinstance(schema, Schema) else Schema.from_dict(dict(schema))
-        self.shard_size = max(1, parse_size(shard_size))
-        self.metadata = dict(metadata or {})
-        self.overwrite = overwrite
-        self.compression = compression
-        self.storage_options = dict(storage_options or {})
-        self.durable = durable
+        self.shard_size = max(1, parse_size(o["shard_size"]))
+        self.metadata = dict(o["metadata"] or {})
+        self.overwrite = o["overwrite"]
+        self.compression = o["compression"]
+        self.storage_options = dict(o["storage_options"] or {})
+        self.durable = o["durable"]
         self.token = secrets.token_hex(4)  # names every file this write makes, so a failed write can find them
         self.manifest: Manifest | None = None
         self._writer: Writer | None = None  # the driver's: lock, overwrite check, manifest
@@ -218,16 +215,7 @@ class ChuteDatasink(Datasink):
 
 
 def write(
-    ray_dataset: ray.data.Dataset,
-    path: str | os.PathLike,
-    *,
-    schema: Schema | Mapping[str, ColumnType] | None = None,
-    shard_size: int | str = DEFAULT_SHARD_SIZE,
-    metadata: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-    compression: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    concurrency: int | None = None,
+    ray_dataset: ray.data.Dataset, path: str | os.PathLike, *, concurrency: int | None = None, **options: Unpack[StoreOptions],
 ) -> chute.Dataset:
     """Write ``ray_dataset`` as a chute dataset at ``path`` with Ray tasks, and open it.
 
@@ -245,16 +233,13 @@ def write(
     Ray write tasks (set ``DataContext.execution_options.preserve_order`` for
     the Ray dataset's own order).
     """
-    if schema is None:
+    store_options(options, "chute.ray.write")
+    if options.get("schema") is None:
         arrow_schema = _arrow_schema(ray_dataset)
         if arrow_schema is None:
             raise ChuteError(f"cannot write {path}: the Ray dataset has no schema (is it empty?); pass schema=")
-        schema = chute_schema(plan_block_columns(arrow_schema, None, f"chute.ray.write to {os.fspath(path)}"))
-    sink = ChuteDatasink(
-        path, schema=schema, shard_size=shard_size, metadata=metadata, overwrite=overwrite, compression=compression,
-        storage_options=storage_options,
-    )
-    return run(ray_dataset, sink, concurrency)
+        options["schema"] = chute_schema(plan_block_columns(arrow_schema, None, f"chute.ray.write to {os.fspath(path)}"))
+    return run(ray_dataset, ChuteDatasink(path, **options), concurrency)
 
 
 def run(ray_dataset: ray.data.Dataset, sink: ChuteDatasink, concurrency: int | None = None) -> chute.Dataset:

@@ -14,16 +14,20 @@ import collections
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chute
 from chute.errors import SchemaError
 from chute.format.infer import InferenceError
-from chute.format.schema import ColumnType, Schema
 from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE
 from chute.sources._progress import Progress
 from chute.storage.open import open_dataset
 from chute.storage.write import Writer
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from chute.storage.write import StoreOptions
 
 __all__ = ["DEFAULT_SHARD_SIZE", "write_samples"]
 
@@ -35,12 +39,8 @@ def write_samples(
     dst: str | os.PathLike,
     *,
     progress: Progress,
-    schema: Schema | Mapping[str, ColumnType] | None = None,
     schema_hint: str | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    shard_size: int | str = DEFAULT_SHARD_SIZE,
-    overwrite: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
+    **options: Unpack[StoreOptions],
 ) -> chute.Dataset:
     """Write ``(sample, origin)`` pairs to a dataset at ``dst`` (a folder, or a URL as for
     ``chute.write``), commit it and open it.
@@ -49,8 +49,7 @@ def write_samples(
     """
     # origins of the samples the writer may still complain about (its look-ahead window)
     recent: collections.deque[tuple[int, str]] = collections.deque(maxlen=DEFAULT_LOOKAHEAD + 1)
-    writer = Writer(dst, schema=schema, metadata=metadata, shard_size=shard_size, overwrite=overwrite,
-                    storage_options=storage_options)
+    writer = Writer(dst, **options)
     with progress:
         try:
             for position, (sample, origin) in enumerate(samples):
@@ -68,7 +67,7 @@ def write_samples(
         except BaseException:
             writer.abort()
             raise
-    return open_dataset(writer.url, storage_options=storage_options)
+    return open_dataset(writer.url, storage_options=options.get("storage_options"))
 
 
 def _with_origin(message: str, recent: collections.deque[tuple[int, str]]) -> str:

@@ -11,17 +11,36 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chute.errors import ChuteError
 from chute.format import writer as _format
 from chute.format.manifest import local_path
 from chute.format.reader import Dataset
-from chute.format.schema import ColumnType, Schema
-from chute.format.writer import DEFAULT_LOOKAHEAD, DEFAULT_SHARD_SIZE, Target
+from chute.format.writer import Target, WriteOptions, write_options
 from chute.storage.net.remote import is_remote
 from chute.storage.open import open_dataset
 from chute.storage.upload import Upload
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class StoreOptions(WriteOptions, total=False):
+    """:class:`chute.format.writer.WriteOptions` and where the dataset goes: ``compression="zstd"`` stores each
+    shard compressed as a whole file, ``storage_options`` go to fsspec for a URL."""
+
+    compression: str | None
+    storage_options: Mapping[str, Any] | None
+
+
+#: The defaults :class:`StoreOptions` adds.
+STORE_DEFAULTS: dict[str, Any] = {"compression": None, "storage_options": None}
+
+
+def store_options(given: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``given`` with every :class:`StoreOptions` default filled in; a TypeError naming any other argument."""
+    return write_options(given, where, STORE_DEFAULTS)
 
 
 def destination(path: str | os.PathLike, storage_options: Mapping[str, Any] | None, compression: str | None) -> Target:
@@ -67,43 +86,19 @@ class Writer(_format.Writer):
     """
 
     def __init__(
-        self,
-        path: str | os.PathLike,
-        *,
-        schema: Schema | Mapping[str, ColumnType] | None = None,
-        shard_size: int | str = DEFAULT_SHARD_SIZE,
-        metadata: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-        lookahead: int = DEFAULT_LOOKAHEAD,
-        checksum: str = "xxh3_128",
-        durable: bool = True,
-        compression: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
+        self, path: str | os.PathLike, *, compression: str | None = None, storage_options: Mapping[str, Any] | None = None,
+        **options: Unpack[WriteOptions],
     ) -> None:
-        super().__init__(
-            path, schema=schema, shard_size=shard_size, metadata=metadata, overwrite=overwrite, lookahead=lookahead,
-            checksum=checksum, durable=durable, target=destination(path, storage_options, compression),
-        )
+        super().__init__(path, target=destination(path, storage_options, compression), **options)
 
 
-def write(
-    samples: Iterable[Mapping[str, Any]],
-    path: str | os.PathLike,
-    *,
-    schema: Schema | Mapping[str, ColumnType] | None = None,
-    shard_size: int | str = DEFAULT_SHARD_SIZE,
-    metadata: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-    lookahead: int = DEFAULT_LOOKAHEAD,
-    compression: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> Dataset:
+def write(samples: Iterable[Mapping[str, Any]], path: str | os.PathLike, **options: Unpack[StoreOptions]) -> Dataset:
     """Write ``samples`` (an iterable of dicts) as a chute dataset at ``path`` and open it.
 
     Values may be numpy arrays, torch tensors, lists of numbers, bytes, str, numbers
     and dicts with str keys. ``shard_size`` is the target size of one shard in bytes
-    (or a string such as ``"128MB"``). See :class:`Writer` for the schema rules and
-    what happens when writing fails.
+    (or a string such as ``"128MB"``). See :class:`Writer` for the schema rules, the
+    other options (:class:`StoreOptions`) and what happens when writing fails.
 
     ``path`` may be a URL (``s3://bucket/prefix``, any fsspec URL that can be
     written; ``storage_options`` go to fsspec): shards are built locally, uploaded
@@ -111,13 +106,11 @@ def write(
     stores each shard compressed as a whole file; readers decompress it into
     their cache.
     """
-    with Writer(
-        path, schema=schema, shard_size=shard_size, metadata=metadata, overwrite=overwrite, lookahead=lookahead,
-        compression=compression, storage_options=storage_options,
-    ) as writer:
+    store_options(options, "chute.write")  # an unknown argument fails before anything is written
+    with Writer(path, **options) as writer:
         for sample in samples:
             writer.append(sample)
-    return open_dataset(writer.url, storage_options=storage_options)
+    return open_dataset(writer.url, storage_options=options.get("storage_options"))
 
 
-__all__ = ["Writer", "write", "destination"]
+__all__ = ["Writer", "write", "destination", "StoreOptions", "store_options"]
