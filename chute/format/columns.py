@@ -64,7 +64,7 @@ def numpy_dtype(dtype: str) -> np.dtype:
 def _values(array: pa.Array, dtype: np.dtype) -> np.ndarray:
     """A zero-copy numpy view of a primitive Arrow array without nulls (bools unpacked to uint8, a copy).
 
-    ``pa.Array.to_numpy`` imports pandas on first use (0.3 s); this reads the buffer.
+    ``pa.Array.to_numpy`` imports pandas on first use (docs/benchmarks.md, design figures); this reads the buffer.
     """
     data = array.buffers()[1]
     if pa.types.is_boolean(array.type):

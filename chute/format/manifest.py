@@ -121,8 +121,8 @@ def checksum_fd(fd: int, algorithm: str = "xxh3_128", chunk: int = 1 << 20) -> s
     """The ``"<algorithm>:<hex>"`` checksum of the file open at ``fd``, read with ``pread`` into a buffer
     this thread reuses (a new zeroed buffer per file cost more than the hash on small shards).
 
-    Three times faster than hashing through a mapping (measured on a 128 MiB shard in the
-    page cache: 26-34 ms against 85-88 ms), which pays a page fault per 4 KiB.
+    Faster than hashing through a mapping, which pays a page fault per 4 KiB (docs/benchmarks.md,
+    design figures).
     """
     hasher = new_hasher(algorithm)
     buffer = getattr(_buffers, "buffer", None)

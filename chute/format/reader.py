@@ -79,7 +79,7 @@ class _Shard:
     ) -> None:
         try:
             # pa.memory_map, not Python's mmap + py_buffer: with the latter, Arrow touched
-            # every page of a column when it was first sliced (0.4 s per 128 MiB shard).
+            # every page of a column when it was first sliced (docs/benchmarks.md, design figures).
             self.mmap = pa.memory_map(path, "r")
             if checks is not None:  # its size and checksum, before any of its bytes are parsed
                 checks.bytes(self.mmap, path, info, where)
