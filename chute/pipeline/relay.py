@@ -21,6 +21,7 @@ from typing import Any
 
 from chute._channel import Channel, Closed, Failure
 from chute.observe.counters import nbytes_of
+from chute.pipeline.transform import StageError
 
 
 class Relay:
@@ -62,7 +63,14 @@ class Relay:
                     self.since, self.step = got, step
                     if cell is not None:
                         nbytes = nbytes_of(batch)
-                    batch = apply(batch, None)
+                    try:
+                        batch = apply(batch, None)
+                    except Exception as exc:
+                        if getattr(self.stage, "_builtin", False):
+                            raise
+                        raise StageError(
+                            f"stage {self.stage.name!r} failed on batch {step} ({rows} samples): {type(exc).__name__}: {exc}"
+                        ) from exc
                     self.step = -1
                 end = clock()
                 channel.put(step, (batch, rows, skipped))

@@ -309,7 +309,7 @@ class Measured(Stage):
         self.stage, self.source = stage, source
         self.spent = 0
         self.name = stage.name if stage is not None else "output"
-        self.counter = None if stage is None or counters is None else counters.stage(stage.name, where="loop", gil=stage.gil)
+        self.counter = None if stage is None or counters is None else counters.stage(stage.name, "batches", where="loop", gil=stage.gil)
         if stage is not None:
             stage.source = source
 

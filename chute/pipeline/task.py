@@ -35,11 +35,7 @@ from chute.errors import ChuteError
 from chute.observe.counters import nbytes_of
 from chute.pipeline.indices import BatchIndices
 from chute.pipeline.stage import BatchStage
-from chute.pipeline.transform import BatchContext, TransformError, describe_row
-
-
-class StageError(TransformError):
-    """A user's stage raised on a batch; the message names the stage and the batch's first sample, the cause is chained."""
+from chute.pipeline.transform import BatchContext, StageError, describe_row
 
 
 class Task:

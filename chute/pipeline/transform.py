@@ -52,6 +52,10 @@ class TransformError(ChuteError):
     """A user transform raised; the message names the sample and shard, the cause is chained."""
 
 
+class StageError(TransformError):
+    """A user's stage raised on a batch; the message names the stage and the batch, the cause is chained."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Functions:
     """The user's functions of a Loader (see the module docstring)."""

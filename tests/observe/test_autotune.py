@@ -35,6 +35,35 @@ def feed(policy: Policy, window: Window, times: int = JUDGE) -> list[tuple[str, 
     return changes
 
 
+def test_the_threads_of_stages_of_their_own_count_in_the_cores_not_in_a_workers_share():
+    window = Window(seconds=1.0, wait_s=0.5, compute_s=0.5, batches=10, samples=100, busy_s=2.0, idle_s=0.0,
+                    cpu_s=1.8, loop_cpu_s=0.3, side_s=0.5)
+    assert window.cores == pytest.approx(1.8)  # everything the process used
+    assert window.worker_cores == pytest.approx(1.0)  # less the loop's thread and the stage on a thread of its own
+
+
+def test_the_loops_own_stages_are_not_a_wait_for_the_workers(monkeypatch):
+    from chute.observe.autotune import Autotuner
+    from chute.observe.counters import Counters
+
+    counters = Counters()
+    policy = Policy(1, 4, max_threads=4)
+    seen: list[Window] = []
+    monkeypatch.setattr(policy, "step", lambda window: seen.append(window) or [])
+    tuner = Autotuner(policy, counters, window_s=0.0, window_batches=1)
+
+    class Meter:
+        def take_ready(self):
+            return None
+
+    tuner.tick(0, 100, None, Meter())  # the window opens
+    consumer = counters.consumer
+    consumer.wait_ns, consumer.compute_ns, consumer.batches, consumer.samples = 10**9, 10**9, 10, 80
+    counters.stage("slow", "batches", where="loop").cell().busy_ns += 8 * 10**8  # 0.8 s of the wait was in a loop stage
+    tuner.tick(1 << 40, 100, None, Meter())
+    assert seen[0].wait_s == pytest.approx(0.2) and seen[0].compute_s == pytest.approx(1.8)
+
+
 def test_adds_threads_while_the_loop_waits_and_stops_at_the_thread_cap():
     policy = Policy(1, 2, max_threads=3)
     for _ in range(40):

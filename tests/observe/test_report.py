@@ -168,7 +168,7 @@ def window(consumer_wait: float, consumer_compute: float, stages: dict[str, dict
         totals[name] = StageTotals(
             name, "samples", workers, busy_ns=int(spec.get("busy", 0) * ns), items=spec.get("items", samples),
             nbytes=spec.get("nbytes", 0), wait_in_ns=int(spec.get("wait_in", 0) * ns),
-            wait_out_ns=int(spec.get("wait_out", 0) * ns), parts=parts,
+            wait_out_ns=int(spec.get("wait_out", 0) * ns), parts=parts, where=spec.get("where", ""),
         )
     consumer = ConsumerTotals(int(consumer_wait * ns), int(consumer_compute * ns), batches, samples)
     return Snapshot(int((consumer_wait + consumer_compute) * ns), totals, consumer)
@@ -199,6 +199,22 @@ def test_device_copy_is_blamed_when_the_copier_is_saturated():
     assert report.bottleneck_stage == "device"
     assert report.bottleneck_cause.startswith("the host-to-device copy")
     assert report.stages["device"].utilisation == pytest.approx(0.95)
+
+
+def test_any_stage_is_read_by_where_it_runs_a_users_as_chutes():
+    pool = {"workers": {"busy": 9.5, "wait_out": 0.5, "workers": 2, "items": 100}, "order": {"busy": 0.01}, "read": {"busy": 0.5}}
+    # on the workers: the busiest stage, whatever its name
+    report = build(window(8.0, 2.0, {**pool, "double": {"busy": 9.0}}), Context(cpu_budget=2))
+    assert report.bottleneck_stage == "double" and report.bottleneck_cause.startswith("stage 'double' takes 90.00 ms per batch")
+    assert list(report.stages) == ["order", "read", "double"]
+    # in the loop: named when the loop's own stages take most of its wait (no worker can help)
+    report = build(window(8.0, 2.0, {**pool, "resize": {"busy": 6.0, "where": "loop", "items": 100}}), Context(cpu_budget=2))
+    assert report.bottleneck_stage == "resize" and "runs in the training loop's thread" in report.bottleneck_cause
+    assert report.stages["resize"].workers == 1 and report.stages["resize"].utilisation == pytest.approx(0.6)
+    # on a thread of its own: named when that thread is saturated and busier than the pool
+    idle_pool = {**pool, "workers": {"busy": 2.0, "wait_out": 8.0, "workers": 2, "items": 100}}
+    report = build(window(8.0, 2.0, {**idle_pool, "tokenize": {"busy": 9.5, "wait_in": 0.3, "wait_out": 0.2, "where": "thread"}}), Context(cpu_budget=2))
+    assert report.bottleneck_stage == "tokenize" and "on its own thread" in report.bottleneck_cause
 
 
 def test_read_is_blamed_and_the_what_if_quotes_the_last_measured_step():
