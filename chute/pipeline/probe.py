@@ -104,9 +104,9 @@ class LoaderProbe:
             if s in building:
                 w = building[s]
                 ident = task.threads[w]
-                at = task.at[w]
-                stage = f" in stage {task.names[at - 1]!r}" if 1 <= at <= len(task.names) else ""
-                where = f"building for {(now - task.since[w]) / 1e9:.1f} s in thread {names.get(ident, ident)!r}{stage}"
+                since, name = task.doing(w)
+                stage = f" in stage {name!r}" if name else ""
+                where = f"building for {(now - since) / 1e9:.1f} s in thread {names.get(ident, ident)!r}{stage}"
                 position = task.progress[w]
                 sample = indices[position] if 0 <= position < len(indices) else None
                 if sample is not None:

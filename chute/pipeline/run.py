@@ -36,6 +36,7 @@ from chute.pipeline.stage import Stage
 
 log = logging.getLogger("chute")
 
+_RESTARTING = State.RESTARTING  # (a module global: looked up per batch)
 #: Every how many batches the workers' channel is sampled (finished batches waiting) for the autotuner.
 READY_EVERY = 8
 #: Every how many batches the adaptive stall timeout is recomputed.
@@ -241,7 +242,7 @@ class Output(Stage):
             step = self.step
             if step >= run.steps:
                 raise StopIteration
-            if run.state is State.RESTARTING:  # set_weights: what was built ahead is stale; go on from what was received
+            if run.state is _RESTARTING:  # set_weights: what was built ahead is stale; go on from what was received
                 run.restart()
                 self.step = 0
                 if self.feed is not None:

@@ -64,9 +64,8 @@ class Task:
         self._finish = len(self.stages) - 1 if len(self.stages) - 1 > self._gather else -1
         self._parted = next((i for i, s in enumerate(self.stages) if s.name == "transform"), 0)  # the stage with parts
         self._size = len(self.stages) + 1
+        self._first = self._gather + 1  # stages up to the gather run on None (the batch is made there)
         self.building: list[int] = []  # per worker: the step it builds (-1: none)
-        self.since: list[int] = []  # per worker: perf_counter_ns when it started that step
-        self.at: list[int] = []  # per worker: the stage it is in (0: the root, i: stages[i - 1])
         self.progress: list[int] = []  # per worker: position in the batch of the sample being transformed (-1: none)
         self.threads: list[int] = []  # per worker: its thread id (0 for a worker process's proxy)
         self.marks: list[list[int]] = []  # per worker: the clock before, between and after its stages in its last batch
@@ -93,11 +92,9 @@ class Task:
         with self._lock:
             w = len(self.building)
             self.building.append(-1)
-            self.since.append(0)
-            self.at.append(0)
             self.progress.append(-1)
             self.threads.append(ident)
-            self.marks.append([])
+            self.marks.append([0])
             ctx.worker, ctx.progress = w, self.progress
             self._contexts.append(ctx)
             self._cells.append(cells)
@@ -105,23 +102,20 @@ class Task:
 
     def __call__(self, step: int, start: int, w: int) -> tuple[tuple[Any, int, list[int]], int]:
         self.building[w] = step
-        self.since[w] = start
-        at = self.at
         k = 0
         try:
             chunk = self._chunks[step // self._per_chunk] if step < self.indices.full else None
             rows = self.indices.rows(step) if chunk is None else chunk[step % self._per_chunk]
             n = rows.size
             ctx = self._contexts[w]
-            ctx.indices, ctx.step, ctx.parts = rows, step, _NO_PARTS
+            ctx.indices, ctx.step = rows, step
             clock = time.perf_counter_ns
-            marks = self.marks[w] = [start] * self._size  # a new list per batch: the trace keeps it
+            marks = self.marks[w] = [start] * self._size  # a new list per batch: the trace keeps it (and see :meth:`doing`)
             batch: Any = None
-            first = self._gather + 1
+            first = self._first
             skipped = _NONE
             for apply in self._maps:
                 k += 1
-                at[w] = k
                 if batch is not None or k <= first:  # (None before the gather; after it: every sample skipped)
                     batch = apply(batch, ctx)
                     if ctx.skipped:  # samples the stage gave up on: the later stages see the rows kept
@@ -149,6 +143,7 @@ class Task:
                     parts = stage_cells[self._parted].parts
                     for part, ns in zip(_PARTS, ctx.parts):
                         parts[part] = parts.get(part, 0) + ns
+                    ctx.parts = _NO_PARTS
                 trace(("task", self.threads[w], step, kept, self.names, marks))
             if step % self._per_chunk == self._second:
                 end = self._ahead(step, end, w)
@@ -159,7 +154,19 @@ class Task:
             raise
         finally:
             self.building[w] = -1
-            at[w] = 0
+
+    def doing(self, w: int) -> tuple[int, str]:
+        """For the hang watchdog: since when worker ``w`` builds its batch (perf_counter_ns), and the stage it is in.
+
+        Read from the batch's marks: the clock is written after each stage, so
+        the first mark still at the start is the stage running now.
+        """
+        marks = self.marks[w]
+        start = marks[0]
+        for i in range(1, len(marks)):
+            if marks[i] == start:
+                return start, self.names[i - 1]
+        return start, ""
 
     def _ahead(self, step: int, began: int, w: int) -> int:
         """A chunk's second step: the root computes the next chunk of rows now, long before it is needed

@@ -111,7 +111,9 @@ class Builder:
         finally:
             if cache is not None:
                 self.dataset.release_direct_holds()
-        return batch, rows, skipped, (task.marks[0], task._contexts[0].parts)
+        ctx = task._contexts[0]
+        parts, ctx.parts = ctx.parts, ()
+        return batch, rows, skipped, (task.marks[0], parts)
 
 
 def serve(conn: connection.Connection, builder: Builder) -> None:
