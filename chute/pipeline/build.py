@@ -115,7 +115,7 @@ def _loop_side(loader: Any, run: Pass) -> None:
     run.output = output
     run.leaf = output
     loop = loader._loop
-    if loop is not None:  # the loop's stages pull through the output (wrappers made once per Loader: see loop_stages)
+    if loop is not None:  # the loop's stages pull through the output (wrappers made once per Loader: LoopStages)
         loop.inner.source = output
         if not loader._loop_armed:
             loop.leaf.reset(None)  # a pass from where the root is (a state loaded since is already in them)
