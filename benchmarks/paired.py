@@ -149,7 +149,7 @@ def main() -> None:
                     ["cpu_ratio", "CPU per sample, this / base", ".2f"]],
         "rows": rows,
         "notes": (f"medians of {args.pairs} pairs of runs alternated in one run (each run a fresh process, "
-                  f"the passes of the rows' epochs, the first a warm-up); base: {commit_of(sides['base'])}, this: "
+                  f"the passes the table gives, the first a warm-up); base: {commit_of(sides['base'])}, this: "
                   f"{commit_of(sides['this'])}; load average (1 min) {statistics.median(loads):.1f} (median at the "
                   f"pairs' starts) on a machine shared with other jobs"),
     }
