@@ -498,11 +498,14 @@ def test_never_exceeds_its_thread_and_memory_budgets(ds):
     budget = 3 * BATCH * row_bytes  # three batches in flight
     loader = chute.Loader(ds, BATCH, transform=decode, workers=chute.Workers(max_count=2, max_prefetch_bytes=budget))
     worst_threads = worst_in_flight = 0
+    policy = loader._meter.tuner.policy
     for i, _ in enumerate(loader):
         run = loader._pass
         worst_threads = max(worst_threads, run.executor.threads, live_threads())
         worst_in_flight = max(worst_in_flight, run.in_flight)
-        if i == 150:
+        # until the tuner judged its step 1 -> 2: on a busy machine the CPU budget reads as full, and the step is
+        # the once-measured probe (10 windows of baseline first, then maybe a re-measure), not a quick one
+        if i >= 150 and policy.steps:
             break
     del _
     report = loader.report()
@@ -512,7 +515,8 @@ def test_never_exceeds_its_thread_and_memory_budgets(ds):
     assert report.settings["prefetch"] <= 3
     assert any("thread budget of 2" in d.reason for d in report.decisions)
     # the advice: what the measured step 1 -> 2 did, and how to let the tuner measure a third thread
-    step = loader._meter.tuner.policy.steps[0]
+    assert policy.steps, f"no step judged in a pass of {i + 1} batches: {report.decisions}"
+    step = policy.steps[0]
     assert step.change == "threads 1 -> 2" and step.kept
     assert report.what_if is not None and report.what_if.startswith(f"measured: {step.describe()}")
     assert report.what_if.endswith("chute.Workers(max_count=3) lets the autotuner measure thread 3")
@@ -522,7 +526,7 @@ def test_the_measured_step_the_advice_names_is_the_next_one_the_tuner_takes(ds):
     # the same work with the cap raised to 3: the tuner's next measured step is exactly the one the advice named
     loader = chute.Loader(ds, BATCH, transform=decode, workers=chute.Workers(max_count=3))
     for i, _ in enumerate(loader):
-        if i == 200:
+        if i >= 200 and len(loader._meter.tuner.policy.steps) >= 2:  # judged steps, however long a busy machine takes
             break
     del _
     steps = [s.change for s in loader._meter.tuner.policy.steps]
