@@ -14,6 +14,12 @@ typedef struct {
     for (Py_ssize_t i = 0; i < n; i++)                                                     \
         memcpy(dst + (size) * i, base[slot[i]] + (size) * row[i], (size));
 
+/* Rows ahead whose first and last bytes are prefetched (into every cache level) while a row is copied.
+ * A mapped shard sits in the page cache, much of it in 4 KiB pages, where a random row costs a TLB miss
+ * and a page walk: a software prefetch starts both early (x86 walks the page tables for one). Rows of
+ * 1-16 bytes, read by the loops above, gain nothing from it. */
+#define CH_PREFETCH_ROWS 8
+
 static void copy_rows(char *dst, const char *const *base, const int32_t *slot, const int64_t *row, Py_ssize_t n,
                       int64_t rb)
 {
@@ -25,7 +31,17 @@ static void copy_rows(char *dst, const char *const *base, const int32_t *slot, c
     case 16: COPY_LOOP(16); return;
     default: break;
     }
-    COPY_LOOP(rb); /* a software prefetch of the rows ahead measured no gain, even for 3 KiB rows */
+    Py_ssize_t ahead = n > CH_PREFETCH_ROWS ? n - CH_PREFETCH_ROWS : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+#if defined(__GNUC__) || defined(__clang__)
+        if (i < ahead) {
+            const char *next = base[slot[i + CH_PREFETCH_ROWS]] + rb * row[i + CH_PREFETCH_ROWS];
+            __builtin_prefetch(next, 0, 3);
+            __builtin_prefetch(next + rb - 1, 0, 3);
+        }
+#endif
+        memcpy(dst + rb * i, base[slot[i]] + rb * row[i], (size_t)rb);
+    }
 }
 
 /* Prefixes the pending ValueError's message with the column it is about. */

@@ -69,6 +69,7 @@ class Mixture:
         # One native gather reads every source's shards: their buffers, in the concatenated shard list.
         self._batches = BatchReader(self.schema, self.offsets, self._map, lambda i: self.shards[i].file, self.root)
         self.read = self._batches.read
+        self.native_indices = True  # read() checks every index natively (get_batch's fast path)
         for k, ds in enumerate(self._datasets):
             if ds.cache is not None:  # a shard the source's cache lets go is let go here too
                 ds.cache.on_unpin = _chain(ds.cache.on_unpin, int(self._shard_base[k]), self._batches)

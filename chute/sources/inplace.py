@@ -90,6 +90,7 @@ class InPlaceArrays:
         self._maps: list[np.ndarray] | None = None
         self._batches = BatchReader(self.schema, self.offsets, self._map, lambda i: self.shards[i].file, root)
         self.read = self._batches.read  # the Loader's per-batch call: the batch reader itself
+        self.native_indices = True  # read() checks every index natively (get_batch's fast path)
 
     def __reduce__(self):
         return (_restore, (self.root, self.arrays, int(self.offsets[-1]), self.shard_size, self.metadata, self.stamps))
