@@ -14,11 +14,14 @@ typedef struct {
     for (Py_ssize_t i = 0; i < n; i++)                                                     \
         memcpy(dst + (size) * i, base[slot[i]] + (size) * row[i], (size));
 
-/* Rows ahead whose first and last bytes are prefetched (into every cache level) while a row is copied.
- * A mapped shard sits in the page cache, much of it in 4 KiB pages, where a random row costs a TLB miss
- * and a page walk: a software prefetch starts both early (x86 walks the page tables for one). Rows of
- * 1-16 bytes, read by the loops above, gain nothing from it. */
-#define CH_PREFETCH_ROWS 8
+/* Prefetches into every cache level while row i is copied: the first and last bytes of row i + 8, and
+ * every other line of row i + 2 when rows are at most a page. A mapped shard sits in the page cache, much
+ * of it in 4 KiB pages, where a random row costs a TLB miss and a page walk: a software prefetch starts
+ * both early (x86 walks the page tables for one), and the lines of a row nearly due arrive before memcpy
+ * asks for them. Rows of 1-16 bytes (the loops above) gain nothing; rows over a page stream well. */
+#define CH_PREFETCH_FAR 8
+#define CH_PREFETCH_NEAR 2
+#define CH_PREFETCH_LINE 64
 
 static void copy_rows(char *dst, const char *const *base, const int32_t *slot, const int64_t *row, Py_ssize_t n,
                       int64_t rb)
@@ -31,17 +34,24 @@ static void copy_rows(char *dst, const char *const *base, const int32_t *slot, c
     case 16: COPY_LOOP(16); return;
     default: break;
     }
-    Py_ssize_t ahead = n > CH_PREFETCH_ROWS ? n - CH_PREFETCH_ROWS : 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
 #if defined(__GNUC__) || defined(__clang__)
-        if (i < ahead) {
-            const char *next = base[slot[i + CH_PREFETCH_ROWS]] + rb * row[i + CH_PREFETCH_ROWS];
-            __builtin_prefetch(next, 0, 3);
-            __builtin_prefetch(next + rb - 1, 0, 3);
+    int64_t lines = rb <= 4096 ? rb - CH_PREFETCH_LINE : 0; /* the middle lines of a row nearly due */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + CH_PREFETCH_FAR < n) {
+            const char *far = base[slot[i + CH_PREFETCH_FAR]] + rb * row[i + CH_PREFETCH_FAR];
+            __builtin_prefetch(far, 0, 3);
+            __builtin_prefetch(far + rb - 1, 0, 3);
         }
-#endif
+        if (i + CH_PREFETCH_NEAR < n) {
+            const char *near = base[slot[i + CH_PREFETCH_NEAR]] + rb * row[i + CH_PREFETCH_NEAR];
+            for (int64_t k = CH_PREFETCH_LINE; k < lines; k += CH_PREFETCH_LINE)
+                __builtin_prefetch(near + k, 0, 3);
+        }
         memcpy(dst + rb * i, base[slot[i]] + rb * row[i], (size_t)rb);
     }
+#else
+    COPY_LOOP(rb);
+#endif
 }
 
 /* Prefixes the pending ValueError's message with the column it is about. */
