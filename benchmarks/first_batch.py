@@ -25,8 +25,15 @@ Configurations:
     python benchmarks/first_batch.py --only w2 --repeats 7
     python benchmarks/first_batch.py --from-json benchmarks/results/first_batch.json   # an old list of rows as tables
 
-Results go to benchmarks/results/first_batch.json through benchmarks/_results.py: table "all", a row per
-workload and configuration (docs/benchmarks.md draws it with benchmarks/tables.py).
+The imports (``--only imports``): a fresh process that has imported torch and numpy (a training script's own
+imports) times ``from chute import Loader``, then that plus ``Loader(path)`` and batch 0 of W2, and the first
+full garbage collection Python runs meanwhile (the first after ``import torch``, whoever allocates next pays
+it); a second process runs the same under ``python -X importtime`` with the collector off, for the import time
+of chute's own modules and of pyarrow (which chute imports). Both list chute's remote-storage modules and the
+network clients that a local dataset loaded: none is expected.
+
+Results go to benchmarks/results/first_batch.json through benchmarks/_results.py: a table per workload, a row
+per configuration, and table "imports" (docs/benchmarks.md draws them with benchmarks/tables.py).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -123,6 +131,62 @@ def child(workload: str, config: str, data_dir: str) -> dict:
     return {"ttfb_s": elapsed, "cpu_s": used}
 
 
+REMOTE = ("chute.storage.net", "chute.storage.node.cache", "chute.storage.node.fetcher", "urllib3", "fsspec", "botocore", "aiohttp")
+
+
+def imports_child(data_dir: str) -> dict:
+    """The imports of a local dataset's first Loader, in this (fresh) process; see the module docstring."""
+    import gc
+    import time
+
+    import numpy  # noqa: F401  (a training script's own imports, before the clock)
+    import torch  # noqa: F401
+
+    if os.environ.get("CHUTE_BENCH_NO_GC"):
+        gc.disable()
+    full: list[float] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if info["generation"] == 2:
+            full.append(time.perf_counter() if phase == "start" else time.perf_counter() - full.pop())
+
+    gc.callbacks.append(watch)
+    w0, c0 = time.perf_counter(), time.process_time()
+    from chute import Loader
+
+    w1, c1 = time.perf_counter(), time.process_time()
+    loader = Loader(os.path.join(data_dir, "w2"), batch_size=BATCH["w2"], shuffle=True)
+    next(iter(loader))
+    w2, c2 = time.perf_counter(), time.process_time()
+    loader.close()
+    return {"import_s": w1 - w0, "import_cpu_s": c1 - c0, "first_s": w2 - w0, "first_cpu_s": c2 - c0, "gc_s": sum(full),
+            "remote": sorted(m for m in sys.modules if m.startswith(REMOTE))}
+
+
+def importtime(data_dir: str) -> dict:
+    """Import seconds of chute's own modules and of pyarrow (self times, ``-X importtime``, the collector off)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["CHUTE_BENCH_NO_GC"] = "1"
+    done = subprocess.run([sys.executable, "-X", "importtime", __file__, "--imports-child", "--data-dir", data_dir],
+                          env=env, capture_output=True, text=True, check=True, cwd=HERE)
+    own = arrow = 0
+    after = False  # modules imported after torch: what chute adds to a training script
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        self_us, _, name = (part.strip() for part in line[len("import time:"):].split("|"))
+        if not self_us.isdigit():
+            continue
+        if name in ("torch", "numpy") and after is False:
+            after = name == "torch"
+            continue
+        if after:
+            own += int(self_us) if name.startswith("chute") else 0
+            arrow += int(self_us) if name.startswith("pyarrow") else 0
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"chute_s": own / 1e6, "pyarrow_s": arrow / 1e6, "remote": out["remote"]}
+
+
 def run(workload: str, config: str, data_dir: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     cold = None
@@ -144,13 +208,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=os.path.join(HERE, "..", "bench-data"))
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--only", choices=sorted(CONFIGS), action="append")
+    parser.add_argument("--only", choices=sorted([*CONFIGS, "imports"]), action="append")
     parser.add_argument("--from-json", metavar="PATH", help="no run: redraw the rows of an earlier run's list-form JSON as tables")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "CONFIG"))
+    parser.add_argument("--imports-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     data_dir = os.path.abspath(args.data_dir)
     if args.child:
         print(json.dumps(child(*args.child, data_dir)))
+        return
+    if args.imports_child:
+        print(json.dumps(imports_child(data_dir)))
         return
     if args.from_json:
         rows, stamp = earlier_rows(args.from_json)
@@ -158,7 +226,9 @@ def main() -> None:
         return
     from _data import array_dataset, pickle_dataset
 
-    workloads = args.only or ["w1", "w2", "w3"]
+    workloads = [w for w in args.only or ["w1", "w2", "w3", "imports"] if w != "imports"]
+    if "imports" in (args.only or ["imports"]):
+        return save_imports(data_dir, args.repeats, workloads)
     for w in workloads:  # generated once, and read once so that the files are in the page cache
         pickle_dataset(data_dir) if w == "w1" else array_dataset(w, data_dir)
         run(w, "chute", data_dir)  # verifies the shards batch 0 reads on this machine (as any earlier run would)
@@ -184,6 +254,48 @@ def main() -> None:
         rows.append(row)
         print(f"{w:8} {LABELS[c]:64} {row['ttfb_median_s'] * 1e3:7.1f} ms ({t[0] * 1e3:.0f}-{t[-1] * 1e3:.0f}) {cpu * 1e3:6.1f} ms")
     save("first_batch", tables(rows))
+
+
+def save_imports(data_dir: str, repeats: int, then: list[str]) -> None:
+    """Table "imports" (then the workloads in ``then``, if any): ``repeats`` rounds of both children."""
+    from _data import array_dataset
+
+    array_dataset("w2", data_dir)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, __file__, "--imports-child", "--data-dir", data_dir], env=env, check=True, cwd=HERE,
+                   capture_output=True)  # writes the .pyc files and verifies batch 0's shards, as any earlier run would
+    runs, times, load = [], [], []
+    for r in range(repeats):
+        done = subprocess.run([sys.executable, __file__, "--imports-child", "--data-dir", data_dir], env=env, check=True,
+                              cwd=HERE, capture_output=True, text=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        times.append(importtime(data_dir))
+        load.append(os.getloadavg()[0])
+        print(f"round {r + 1}/{repeats}: {runs[-1]}, {times[-1]}", file=sys.stderr)
+
+    def row(label: str, values: list[float], cpu: list[float] | None = None, **extra: Any) -> dict:
+        v = sorted(values)
+        return {"label": label, "median_ms": statistics.median(v) * 1e3, "min_ms": v[0] * 1e3, "max_ms": v[-1] * 1e3,
+                "cpu_median_ms": None if cpu is None else statistics.median(cpu) * 1e3, "runs": len(v), **extra}
+
+    remote = sorted({m for x in runs + times for m in x["remote"]})
+    table = {
+        "title": "Imports of a local dataset's first Loader (torch, numpy imported before)",
+        "columns": [["median_ms", "ms (wall, median)", ",.0f"], ["min_ms", "min ms", ",.0f"], ["max_ms", "max ms", ",.0f"],
+                    ["cpu_median_ms", "CPU ms (median)", ",.0f"]],
+        "rows": [
+            row("from chute import Loader", [x["import_s"] for x in runs], [x["import_cpu_s"] for x in runs]),
+            row("from chute import Loader, Loader(path) and batch 0 (W2)", [x["first_s"] for x in runs], [x["first_cpu_s"] for x in runs]),
+            row("of which the first full garbage collection after import torch", [x["gc_s"] for x in runs]),
+            row("chute's own modules: their import times (-X importtime, collector off)", [x["chute_s"] for x in times]),
+            row("pyarrow, imported by chute: the same", [x["pyarrow_s"] for x in times]),
+        ],
+        "notes": (f"{repeats} rounds, each two fresh processes (.pyc files written); load average {statistics.median(load):.1f} "
+                  f"(median of the rounds); chute's remote-storage modules and network clients loaded: {', '.join(remote) or 'none'}"),
+    }
+    save("first_batch", {"imports": table})
+    if then:
+        raise SystemExit("--only imports runs alone: run the workloads in another call")
 
 
 def tables(rows: list[dict]) -> dict[str, dict]:

@@ -14,7 +14,8 @@ DataLoader over the same .npy memmap, the four kinds of benchmarks/_torch.py
 warmed up before the clock). The numpy and chute rows run in turn in one
 process, passes of about --pass-s seconds (the same batches, cycled), round-robin
 over --repeats rounds; "/ limit" is the median of each round's ratio to the limit
-(robust to a load that changes during the run). Every figure is a median; the
+(robust to a load that changes during the run), "/ limit, CPU time" the same by
+the thread CPU time each spent on the same batches (robust to a shared machine). Every figure is a median; the
 tables go to benchmarks/results/gather.json.
 
     python benchmarks/gather.py                 # both shapes, data in ./bench-data
@@ -28,7 +29,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -40,13 +41,23 @@ from _results import cpu_seconds, save  # noqa: E402
 from tables import render  # noqa: E402
 
 
-def interleaved(fns: list[tuple[str, Any]], batches: list[np.ndarray], repeats: int, pass_s: float) -> list[tuple[str, tuple[float, float, float]]]:
+class Paired(NamedTuple):
+    """One way to read, measured in turn with the others: medians over the rounds."""
+
+    rate: float  # samples/s
+    wall: float | None  # samples/s over the limit's in the same round (None: not alternated with it)
+    cpu: float | None  # the limit's thread CPU time over this one's for the same batches, per round
+    cpu_per_1000: float  # CPU s per 1000 samples (the process and its workers)
+
+
+def interleaved(fns: list[tuple[str, Any]], batches: list[np.ndarray], repeats: int, pass_s: float) -> list[tuple[str, Paired]]:
     """Each ``fn`` over passes of ``batches`` (cycled to about ``pass_s`` seconds of the first fn), alternated in one process.
 
-    Round-robin over ``repeats`` rounds, after one warm-up batch each. Returns, per fn,
-    (median samples/s, median ratio to the first fn in the same round, CPU s per
-    1000 samples): the ratio pairs passes measured a moment apart, so a load that
-    changes during the run moves both.
+    Round-robin over ``repeats`` rounds, after one warm-up batch each; every ratio
+    is to the first fn (the limit) in the same round, so a load that changes
+    during the run moves both sides of it. The CPU-time ratio is the one to read on
+    a shared machine: other processes stretch a pass's wall time, much less the
+    CPU time its thread spends on the same work.
     """
     for _, fn in fns:
         fn(batches[0])
@@ -66,13 +77,15 @@ def interleaved(fns: list[tuple[str, Any]], batches: list[np.ndarray], repeats: 
                 fn(b)
             rates[label].append(samples / (time.perf_counter() - start))
             cpu[label].append(time.thread_time() - cpu0)
-    first_rate, first_cpu = rates[fns[0][0]], cpu[fns[0][0]]
-    for label in rates:
-        print(f"  {label[:60]:60s} wall ratios {' '.join(f'{x / y:.3f}' for x, y in zip(rates[label], first_rate))}"
-              f" | CPU ratios {' '.join(f'{y / x:.3f}' for x, y in zip(cpu[label], first_cpu))}", flush=True)
-    return [(label, (statistics.median(r), statistics.median(y / x for x, y in zip(cpu[label], first_cpu)),
-                     1000 * sum(cpu[label]) / (repeats * samples)))
-            for label, r in rates.items()]
+    limit_rate, limit_cpu = rates[fns[0][0]], cpu[fns[0][0]]
+    out = []
+    for label, r in rates.items():
+        wall = [x / y for x, y in zip(r, limit_rate)]
+        by_cpu = [y / x for x, y in zip(cpu[label], limit_cpu)]
+        print(f"  {label[:60]:60s} / limit, wall: {' '.join(f'{x:.3f}' for x in wall)} | CPU time: {' '.join(f'{x:.3f}' for x in by_cpu)}", flush=True)
+        out.append((label, Paired(statistics.median(r), statistics.median(wall), statistics.median(by_cpu),
+                                  1000 * sum(cpu[label]) / (repeats * samples))))
+    return out
 
 
 def dataloader_rate(path: str, label: bool, batch: int, samples: int, config: str, repeats: int) -> tuple[float, float]:
@@ -96,13 +109,18 @@ def dataloader_rate(path: str, label: bool, batch: int, samples: int, config: st
     return statistics.median(rates), 1000 * cpu / (repeats * samples)
 
 
-def run(name: str, root: str, repeats: int, pass_s: float, with_torch: bool = True) -> list[tuple[str, float, float, float, float | None]]:
-    """(label, samples/s, MB/s, CPU s per 1000 samples, ratio to the limit in the same round or None) of each way
-    to read random batches of ``name``."""
+def row_size(name: str) -> int:
+    """Bytes of one row of shape ``name``, its label included."""
+    spec = SHAPES[name]
+    return int(np.prod(spec["shape"])) * np.dtype(spec["dtype"]).itemsize + (8 if spec["label"] else 0)
+
+
+def run(name: str, root: str, repeats: int, pass_s: float, with_torch: bool = True) -> list[tuple[str, Paired]]:
+    """Each way to read random batches of ``name``, with its figures."""
     spec = SHAPES[name]
     ds, raw_path = array_dataset(name, root)
     raw = np.load(raw_path, mmap_mode="r")
-    row_bytes = int(np.prod(spec["shape"])) * np.dtype(spec["dtype"]).itemsize + (8 if spec["label"] else 0)
+    row_bytes = row_size(name)
     ram = np.array(raw)  # the in-RAM copy: the limit
     labels = np.arange(spec["rows"], dtype=np.int64)
     rng = np.random.default_rng(1)
@@ -139,32 +157,33 @@ def run(name: str, root: str, repeats: int, pass_s: float, with_torch: bool = Tr
         fns.append(("os.preadv into an aligned buffer, page cache (the limit)", limit))
     fns.append(("chute Dataset.read, reused outputs (the Loader's call)", lambda b: ds.read(b, arrays)))
     fns.append(("chute get_batch, fresh tensors", lambda b: ds.get_batch(b)))
-    results: list[tuple[str, tuple[float, float | None, float]]] = list(interleaved(fns, batches, repeats, pass_s))
+    results = interleaved(fns, batches, repeats, pass_s)
     dl_samples = min(spec["rows"], 50_000 if spec["label"] else 800)
     npy = os.path.join(root, f"{name}.npy")
     for config in _torch.CONFIGS if with_torch else []:
         rate, cpu = dataloader_rate(npy, spec["label"], spec["batch"], dl_samples, config, repeats)
-        results.append((_torch.label(config), (rate, None, cpu)))
-    return [(label, rate, rate * row_bytes / 1e6, cpu, ratio) for label, (rate, ratio, cpu) in results]
+        results.append((_torch.label(config), Paired(rate, None, None, cpu)))
+    return results
 
 
-def table(name: str, results: list[tuple[str, float, float, float, float | None]], repeats: int, pass_s: float) -> dict:
+def table(name: str, results: list[tuple[str, Paired]], repeats: int, pass_s: float, row_bytes: int) -> dict:
     spec = SHAPES[name]
-    limit = results[0][1]
-    best_dl = max((rate for label, rate, _, _, _ in results if "DataLoader" in label), default=float("nan"))
-    rows = [{"label": label, "samples_per_s": rate, "mb_per_s": mbs, "cpu_s_per_1000": cpu,
-             "ratio_limit": rate / limit if paired is None else paired, "ratio_torch": rate / best_dl}
-            for label, rate, mbs, cpu, paired in results]
+    limit = results[0][1].rate
+    best_dl = max((p.rate for label, p in results if "DataLoader" in label), default=float("nan"))
+    rows = [{"label": label, "samples_per_s": p.rate, "mb_per_s": p.rate * row_bytes / 1e6, "cpu_s_per_1000": p.cpu_per_1000,
+             "ratio_limit": p.rate / limit if p.wall is None else p.wall, "ratio_limit_cpu": p.cpu,
+             "ratio_torch": p.rate / best_dl} for label, p in results]
     return {
         "title": f"{name.upper()}, batch {spec['batch']}",
         "columns": [["samples_per_s", "samples/s", ",.0f"], ["mb_per_s", "MB/s", ",.0f"],
                     ["cpu_s_per_1000", "CPU s / 1k samples", ".4f"], ["ratio_limit", "/ limit", ".2f"],
-                    ["ratio_torch", "/ best torch", ".2f"]],
+                    ["ratio_limit_cpu", "/ limit, CPU time", ".2f"], ["ratio_torch", "/ best torch", ".2f"]],
         "rows": rows,
-        "notes": (f"median of {repeats} passes; the numpy and chute rows: one thread, passes of about {pass_s:g} s "
-                  "alternated in one process, / limit the median of each round's ratio; DataLoaders with persistent "
-                  "workers and a warm-up pass before the clock (worker start-up not timed); CPU s / 1k samples "
-                  "includes the worker processes"),
+        "notes": (f"the numpy and chute rows: one thread, passes of about {pass_s:g} s (the same batches) alternated in one "
+                  f"process over {repeats} rounds; / limit: the median of each round's ratio of samples/s, / limit, CPU "
+                  "time: of the limit's thread CPU time over the row's for the same batches; DataLoaders: median of "
+                  f"{repeats} passes, persistent workers, a warm-up pass before the clock (worker start-up not timed), "
+                  "/ limit of the medians; CPU s / 1k samples includes the worker processes"),
     }
 
 
@@ -182,7 +201,8 @@ def main() -> None:
     for name in args.only or sorted(SHAPES):
         spec = SHAPES[name]
         print(f"\n{name.upper()}: {spec['rows']:,} x {spec['dtype'].__name__}{list(spec['shape'])}, batch {spec['batch']}, median of {args.repeats}")
-        tables[name] = table(name, run(name, args.data_dir, args.repeats, args.pass_s, not args.no_torch), args.repeats, args.pass_s)
+        results = run(name, args.data_dir, args.repeats, args.pass_s, not args.no_torch)
+        tables[name] = table(name, results, args.repeats, args.pass_s, row_size(name))
         print(render(tables[name]))
     if not args.no_torch:
         save("gather", tables)

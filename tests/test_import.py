@@ -65,3 +65,42 @@ def test_help_and_version_do_not_import_torch():
             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
         )
         assert loaded == [], argv
+
+
+# What only a remote dataset needs: the network clients and chute's modules that drive them.
+REMOTE_STACK = ("asyncio", "ssl", "http.client", "urllib3", "fsspec", "botocore", "boto3", "aiohttp")
+REMOTE_CHUTE = ("chute.storage.net", "chute.storage.node.cache", "chute.storage.node.fetcher", "chute.storage.node.share")
+
+
+def test_a_local_loader_imports_nothing_of_the_remote_stack(tmp_path):
+    """A local dataset's first batch imports none of it: chute's remote modules stay out, and of the network
+    stack only what torch itself imports is there (each module is recorded with the module that imported it)."""
+    import numpy as np
+
+    import chute
+
+    chute.write(({"x": np.full(3, i, np.uint8), "label": i} for i in range(40)), tmp_path / "ds")
+    out = _python(
+        "import json, sys\n"
+        f"WATCH = {REMOTE_STACK!r}\n"
+        "importers = {}\n"
+        "class Spy:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name in WATCH and name not in importers:\n"
+        "            f = sys._getframe(1)\n"
+        "            while f is not None and f.f_globals.get('__name__', '').startswith(('importlib', '_frozen_importlib')):\n"
+        "                f = f.f_back\n"
+        "            importers[name] = f.f_globals.get('__name__', '?') if f is not None else '?'\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Spy())\n"
+        "import chute\n"
+        f"loader = chute.Loader(chute.open({str(tmp_path / 'ds')!r}), 8, shuffle=True, seed=0)\n"
+        "batch = next(iter(loader))\n"
+        "loader.close()\n"
+        f"remote = sorted(m for m in sys.modules if m.startswith({REMOTE_CHUTE!r}))\n"
+        "by_chute = sorted(n for n, who in importers.items() if who.split('.')[0] == 'chute')\n"
+        "print(json.dumps({'rows': batch['label'].tolist(), 'remote': remote, 'by_chute': by_chute,\n"
+        "                  'third': sorted(m for m in ('urllib3', 'fsspec', 'botocore', 'boto3', 'aiohttp') if m in sys.modules)}))"
+    )
+    assert sorted(out["rows"]) == sorted(set(out["rows"])) and len(out["rows"]) == 8
+    assert out["remote"] == [] and out["by_chute"] == [] and out["third"] == []

@@ -19,8 +19,6 @@ from chute.errors import ManifestError, ShardError
 from chute.format import validate
 from chute.format.manifest import MANIFEST_NAME, local_path, manifest_cap, parse_manifest, read_manifest, too_large
 from chute.format.reader import Dataset
-from chute.storage.net.remote import NotFound, Remote, RetryPolicy, TooLarge, is_remote
-from chute.storage.node.cache import ShardCache
 
 
 def open_dataset(
@@ -72,7 +70,7 @@ def open_dataset(
     """
     cap = manifest_cap(manifest_limit)
     if progressive:
-        if not is_remote(os.fspath(path)):
+        if not _is_remote(os.fspath(path)):
             raise ValueError(
                 f"progressive=True needs a remote dataset with a node cache; {os.fspath(path)} is local "
                 "(all of it is there already: open it without progressive)"
@@ -85,7 +83,7 @@ def open_dataset(
         ds = open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window, manifest_limit=cap)
         ds.progressive = True
         return ds
-    if is_remote(os.fspath(path)):
+    if _is_remote(os.fspath(path)):
         return open_remote(os.fspath(path), cache_dir, cache_limit, storage_options, retries, verify=verify, min_speed=min_speed, min_speed_window=min_speed_window, manifest_limit=cap)
     root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
@@ -130,6 +128,15 @@ def open_dataset(
     return Dataset(root, manifest, text, verify=verify)
 
 
+def _is_remote(path: str) -> bool:
+    """``is_remote(path)``, without importing the network stack (asyncio, ssl, http.client) for a local path."""
+    if "://" not in path:
+        return False
+    from chute.storage.net.remote import is_remote
+
+    return is_remote(path)
+
+
 def open_remote(
     url: str,
     cache_dir: str | os.PathLike | None = None,
@@ -144,6 +151,9 @@ def open_remote(
 ) -> Dataset:
     """Read the manifest at ``url`` (at most ``manifest_limit`` bytes, see :func:`manifest_cap`) and return
     the dataset, its shards read through the node cache."""
+    from chute.storage.net.remote import NotFound, Remote, RetryPolicy, TooLarge
+    from chute.storage.node.cache import ShardCache
+
     retry = RetryPolicy()
     if retries is not None:
         retry = dataclasses.replace(retry, attempts=max(1, int(retries)))
