@@ -9,7 +9,11 @@ like: the same batches, four torch DataLoaders (``__getitem__`` per sample, and
 a batch at a time through ``sampler=BatchSampler(...)``, ``batch_size=None``,
 each at ``num_workers=0`` and ``num_workers=N``; the fastest is the baseline),
 several passes each taken in turn, medians printed. A second part trains a tiny CNN on images fed each way
-and reports samples/s and how long the loop waited for data.
+and reports samples/s of the whole loop and how long it waited for data. The model runs on the same number
+of torch intra-op threads in every row (half the CPUs by default, printed): with as many as the machine has
+cores (torch's default), the model's threads wait on each other at every operation whenever something else
+needs a core (a loader's threads or processes, another program), and a busy machine's rows measure the
+scheduler more than the loaders.
 
 Nothing is printed that the run cannot measure reliably: no single-run ratios,
 no losses (two runs with different shuffles end at different losses by chance).
@@ -259,8 +263,31 @@ def _check_identical(baseline: PickleFilesDataset, torch_loader: Any, chute_load
     print(f"  a shuffled pass delivers all {len(expected):,} samples once, identical to the files, both ways")
 
 
-def compare_training(root: str, workers: int, runs: int, steps: int) -> dict[str, float]:
-    """Train the same tiny CNN for ``steps`` batches of 128 images, fed by each DataLoader setting and by chute."""
+def default_model_threads() -> int:
+    """The demo model's torch intra-op threads: half the CPUs this process may run on (the loaders get the rest)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // 2)
+
+
+def compare_training(root: str, workers: int, runs: int, steps: int, model_threads: int | None = None) -> dict[str, float]:
+    """Train the same tiny CNN for ``steps`` batches of 128 images, fed by each DataLoader setting and by chute.
+
+    The model runs on ``model_threads`` torch intra-op threads in every row (default
+    :func:`default_model_threads`); torch's setting is restored afterwards.
+    """
+    threads = default_model_threads() if model_threads is None else model_threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _compare_training(root, workers, runs, steps, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _compare_training(root: str, workers: int, runs: int, steps: int, threads: int) -> dict[str, float]:
     import chute
 
     images, labels = learnable_images(TRAIN_ROWS)
@@ -282,8 +309,9 @@ def compare_training(root: str, workers: int, runs: int, steps: int) -> dict[str
     finally:
         chute_loader.close()
     print(
-        f"  training a tiny CNN on the CPU, {steps} steps of {TRAIN_BATCH} uint8[3,32,32] images, shuffled "
-        f"(median of {runs} runs each):"
+        f"  training a tiny CNN on the CPU with {threads} torch thread{'s' if threads != 1 else ''} in every row "
+        f"(torch.set_num_threads({threads})), {steps} steps of {TRAIN_BATCH} uint8[3,32,32] images, shuffled "
+        f"(median of {runs} runs each), the rate of the whole loop, loading and training:"
     )
     rates = {name: statistics.median(r for r, _ in runs_) for name, runs_ in results.items()}
     waits = {name: statistics.median(w for _, w in runs_) for name, runs_ in results.items()}
@@ -301,8 +329,13 @@ def _print_rates(rates: dict[str, float], notes: dict[str, str] | None = None) -
         print(f"    {name:<{width}} {_rate(rate)}{note}")
 
 
-def run_demo(files: int = 2000, workers: int | None = None, keep: bool = False, steps: int = 60, runs: int = 5) -> dict[str, float]:
-    """Run the demo and print the comparison; returns the median rates (samples/s) by name."""
+def run_demo(files: int = 2000, workers: int | None = None, keep: bool = False, steps: int = 60, runs: int = 5,
+             model_threads: int | None = None) -> dict[str, float]:
+    """Run the demo and print the comparison; returns the median rates (samples/s) by name.
+
+    ``model_threads``: the training part's torch intra-op threads, the same in every
+    row (default: half the CPUs, :func:`default_model_threads`).
+    """
     from chute.sources import convert
 
     if workers is None:
@@ -320,7 +353,7 @@ def run_demo(files: int = 2000, workers: int | None = None, keep: bool = False, 
             f"{time.perf_counter() - start:.1f} s: chute convert {index} DST --allow-pickle"
         )
         rates = {f"read: {k}": v for k, v in compare_reading(index, ds, workers, runs).items()}
-        rates.update({f"train: {k}": v for k, v in compare_training(root, workers, runs, steps).items()})
+        rates.update({f"train: {k}": v for k, v in compare_training(root, workers, runs, steps, model_threads).items()})
         return rates
     finally:
         if keep:

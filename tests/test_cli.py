@@ -92,7 +92,9 @@ def test_demo_compares_like_for_like_and_prints_medians():
     lines = result.stdout.splitlines()
     assert "a shuffled pass delivers all 300 samples once, identical to the files, both ways" in result.stdout
     assert "reading every sample, shuffled, in batches of 64 (median of 2 passes each):" in result.stdout
-    assert "8 steps of 128 uint8[3,32,32] images, shuffled (median of 2 runs each):" in result.stdout
+    assert "8 steps of 128 uint8[3,32,32] images, shuffled (median of 2 runs each)" in result.stdout
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)  # the model's threads, the same in every row: printed
+    assert f"tiny CNN on the CPU with {threads} torch thread{'s' if threads > 1 else ''} in every row (torch.set_num_threads({threads}))" in result.stdout
     rates = [line for line in lines if line.endswith("samples/s") or "samples/s " in line]
     assert len(rates) == 10, result.stdout
     for part in (rates[:5], rates[5:]):  # the four DataLoaders and chute, the same batch size
@@ -104,3 +106,27 @@ def test_demo_compares_like_for_like_and_prints_medians():
     assert all("waited for data" in line for line in rates[5:])
     assert "loss" not in result.stdout  # differs between runs by chance: not printed
     assert "MISSION" not in result.stdout
+
+
+def test_demo_training_sets_the_models_threads_in_every_row_and_restores_them(tmp_path, capsys):
+    import torch
+
+    from chute.demo import compare_training
+
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    real_step = chute.demo.TinyCNN.step
+
+    def step(self, batch):
+        seen.append(torch.get_num_threads())
+        return real_step(self, batch)
+
+    chute.demo.TinyCNN.step = step
+    try:
+        rates = compare_training(str(tmp_path), workers=0, runs=1, steps=2, model_threads=1)
+    finally:
+        chute.demo.TinyCNN.step = real_step
+    assert set(seen) == {1} and len(seen) == 3 * (5 + 2)  # two DataLoaders and chute: a warm-up run of 5 steps, then 2
+    assert torch.get_num_threads() == before
+    assert "with 1 torch thread in every row (torch.set_num_threads(1))" in capsys.readouterr().out
+    assert len(rates) == 3
