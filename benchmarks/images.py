@@ -32,7 +32,16 @@ first batch to the last).
                  2 epochs measured over the second (the autotuner goes on where the first left it);
                  autotuned against count=2,4,6,8,12
 
+  --passes       short passes, paired in one process: chute against its peer over the same images, pass after
+                 pass, each about a second (W4: 3,000 of its JPEGs, DecodeCrop random 224 against the simplejpeg
+                 loop on 2 processes; imagenet: the 2,000 photos, in-rrc against the Pillow loop on 2 processes).
+                 The peers' processes and chute's Loader are started once, before the first pass (as a
+                 DataLoader's persistent workers); a pass is timed from its start (iter(), pool.map) to its last
+                 image. Per round: the ratio of images/s, and of CPU time per image (the peer's processes'
+                 own, chute's process's); chute's first-batch time and its CPU share of the pass's 2 cores.
+
     python benchmarks/images.py --data-dir bench-data --repeats 5
+    python benchmarks/images.py --data-dir bench-data --passes --repeats 7
     python benchmarks/images.py --data-dir bench-data --only io --repeats 5
     python benchmarks/images.py --data-dir bench-data --only imagenet --repeats 5
     python benchmarks/images.py --tolerance    # the scaled DCT decode's pixel difference from a full decode
@@ -211,6 +220,113 @@ def measure(config: str, data_dir: str) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- short passes, paired in one process
+
+PASS_ROWS = {"w4": 3_000, "imagenet": 2_000}
+
+
+def _peer_pass(args: tuple) -> tuple[int, float, float]:
+    """One peer process's share of a pass: ``(images, seconds, CPU seconds of this process)``."""
+    import _imagenet
+    import _w4
+
+    workload, rest = args[0], args[1:]
+    cpu = time.process_time()
+    images, seconds = (_w4._loop if workload == "w4" else _imagenet._loop)(rest)
+    return images, seconds, time.process_time() - cpu
+
+
+def _peer_ready(_: int) -> int:
+    import PIL.Image
+    import simplejpeg
+    import torch
+
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    return os.getpid() if PIL.Image and simplejpeg else 0
+
+
+def short_passes(data_dir: str, repeats: int) -> None:
+    """``--passes``: W4 and the imagenet photos, chute against its peer pass after pass in this process."""
+    import multiprocessing
+
+    from _imagenet import dataset as imagenet_dataset
+    from _w4 import jpeg_dataset
+
+    import chute
+
+    tables = {}
+    for workload in ("w4", "imagenet"):
+        if workload == "w4":
+            root = os.path.join(data_dir, f"w4-{PASS_ROWS['w4']}")
+            os.makedirs(root, exist_ok=True)
+            ds, blob, offsets = jpeg_dataset(root, rows=PASS_ROWS["w4"])
+            transform = chute.images.DecodeCrop("jpeg", size=224, random=True)
+        else:
+            ds, blob, offsets = imagenet_dataset(data_dir)
+            transform = chute.images.DecodeCrop("jpeg", **IMAGENET_RRC)
+        n = len(ds)
+        pool = multiprocessing.get_context("fork").Pool(2)  # before any chute thread exists
+        try:
+            pool.map(_peer_ready, range(2))
+            loader = chute.Loader(ds, BATCH, shuffle=True, seed=0, transform=transform)
+            for _ in loader:  # a warm-up pass: threads tuned, output blocks allocated
+                pass
+            rounds: list[dict] = []
+            for r in range(repeats):
+                tail = () if workload == "w4" else (False,)  # _imagenet._loop's draft flag
+                start = time.perf_counter()
+                parts = pool.map(_peer_pass, [(workload, blob, offsets, 0, n // 2, r, *tail),
+                                              (workload, blob, offsets, n // 2, n, r, *tail)], chunksize=1)
+                peer_s = time.perf_counter() - start
+                peer_cpu = sum(p[2] for p in parts)
+                cpu0, start, first, count = os.times(), time.perf_counter(), None, 0
+                for batch in loader:
+                    count += len(batch["label"])
+                    if first is None:
+                        first = time.perf_counter() - start
+                chute_s, cpu1 = time.perf_counter() - start, os.times()
+                chute_cpu = (cpu1[0] + cpu1[1]) - (cpu0[0] + cpu0[1])
+                rounds.append({"peer": n / peer_s, "chute": count / chute_s, "peer_cpu_ms": 1e3 * peer_cpu / n,
+                               "chute_cpu_ms": 1e3 * chute_cpu / count, "first_ms": 1e3 * first,
+                               "busy": chute_cpu / (2 * chute_s), "pass_s": chute_s})
+                x = rounds[-1]
+                print(f"  {workload} round {r + 1}/{repeats}: peer {x['peer']:,.0f}/s chute {x['chute']:,.0f}/s "
+                      f"({x['chute'] / x['peer']:.3f}x; CPU/image {x['peer_cpu_ms'] / x['chute_cpu_ms']:.3f}x), "
+                      f"first batch {x['first_ms']:.0f} ms, 2 cores busy {x['busy']:.0%}", file=sys.stderr, flush=True)
+            settings = loader.report().settings
+            loader.close()
+        finally:
+            pool.close()
+            pool.join()
+        med = lambda key: statistics.median(x[key] for x in rounds)  # noqa: E731
+        ratio = statistics.median(x["chute"] / x["peer"] for x in rounds)
+        cpu_ratio = statistics.median(x["peer_cpu_ms"] / x["chute_cpu_ms"] for x in rounds)
+        peer = "simplejpeg decode + crop loop, 2 processes (the limit)" if workload == "w4" else \
+            "Pillow loop, 2 processes, no draft (as users write it)"
+        mine = "chute Loader, DecodeCrop random 224, autotuned" if workload == "w4" else \
+            "chute Loader, DecodeCrop (RandomResizedCrop 224, flip, normalize), autotuned"
+        tables[f"passes-{workload}"] = {
+            "title": f"{TITLES['w4' if workload == 'w4' else 'imagenet']}: {n:,}-image passes (about 1 s), batch {BATCH}",
+            "columns": [["rate", "images/s", ",.0f"], ["ratio", "/ peer", ".2f"], ["cpu_ms", "CPU ms / image", ".3f"],
+                        ["cpu_ratio", "/ peer, CPU per image", ".2f"], ["first_ms", "1st batch ms", ",.0f"],
+                        ["busy", "2 cores busy", ".0%"]],
+            "rows": [
+                {"label": peer, "rate": med("peer"), "ratio": 1.0, "cpu_ms": med("peer_cpu_ms"), "cpu_ratio": 1.0,
+                 "runs": [x["peer"] for x in rounds]},
+                {"label": mine, "rate": med("chute"), "ratio": ratio, "cpu_ms": med("chute_cpu_ms"), "cpu_ratio": cpu_ratio,
+                 "first_ms": med("first_ms"), "busy": med("busy"), "runs": [x["chute"] for x in rounds],
+                 "ratio_runs": [x["chute"] / x["peer"] for x in rounds],
+                 "settings": f"threads {settings['num_threads']}, prefetch {settings['prefetch']}"},
+            ],
+            "notes": (f"{repeats} rounds in one process, each a pass of the peer then one of chute over the same {n:,} images; "
+                      "medians of the rounds, / peer the median of each round's ratio; the peer's CPU is its 2 processes' "
+                      "own, chute's its whole process's; 2 cores busy: chute's CPU over twice its pass's wall time"),
+        }
+        print(f"{workload}: chute / peer {ratio:.3f} (images/s), {cpu_ratio:.3f} (CPU per image); "
+              f"first batch {med('first_ms'):.0f} ms of a {med('pass_s') * 1e3:.0f} ms pass", flush=True)
+    save("images", tables)
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -220,6 +336,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", choices=sorted(CONFIGS), default="w4")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
+    parser.add_argument("--passes", action="store_true", help="short passes, chute and its peer paired in one process (see above)")
     parser.add_argument("--tolerance", action="store_true", help="print the scaled decode's pixel difference (docs/images.md)")
     parser.add_argument("--from-json", metavar="PATH", help="no run: redraw the rows of an earlier run's list-form JSON as a table")
     parser.add_argument("--run", default=None, help=argparse.SUPPRESS)  # one configuration, in a subprocess
@@ -250,6 +367,8 @@ def main() -> None:
     if args.run:
         print(json.dumps(measure(args.run, args.data_dir)))
         return
+    if args.passes:
+        return short_passes(args.data_dir, args.repeats)
     os.makedirs(args.data_dir, exist_ok=True)
     configs = args.configs.split(",") if args.configs else CONFIGS[args.only]
     # build the data once, before any clock

@@ -208,6 +208,11 @@ class Decoder:
     def __setstate__(self, state: dict) -> None:
         type(self).__init__(self, **state)
 
+    @property
+    def partial(self) -> bool:
+        """Whether :meth:`decode_region` can decode part of a JPEG (``chute._jpeg`` built, not ``fast``)."""
+        return not self.fast and partial_decoder() is not None
+
     def _scratch(self) -> _Scratch:
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
@@ -223,36 +228,53 @@ class Decoder:
         buffer = self._scratch().buffer
         return 0 if buffer is None else buffer.nbytes
 
-    def decode(self, data: Any, min_size: tuple[int, int] = (0, 0), scale: int = 1) -> np.ndarray:
+    def header(self, data: Any) -> tuple[int, int, str | None]:
+        """``(height, width, colour)`` of an encoded image from its header: ``colour`` a JPEG's colour space
+        (simplejpeg's name), None for another format. :class:`ImageTooLargeError` over ``max_pixels``.
+
+        :meth:`decode` and :meth:`decode_region` take it back (``header=``) instead of reading the header again.
+        """
+        if is_jpeg(data):
+            h, w, colour, _ = simplejpeg().decode_jpeg_header(data)
+            check_pixels(h, w, self.max_pixels)
+            return int(h), int(w), colour
+        with _open_pillow(data, self.max_pixels) as img:
+            h, w = img.height, img.width
+        check_pixels(h, w, self.max_pixels)
+        return h, w, None
+
+    def decode(self, data: Any, min_size: tuple[int, int] = (0, 0), scale: int = 1,
+               header: tuple[int, int, str | None] | None = None) -> np.ndarray:
         """``uint8[h, w, 3]`` RGB pixels of ``data``, valid until this thread's next call.
 
         ``scale`` (2, 4 or 8): a JPEG comes out at ``ceil(size / scale)``,
         scaled in the inverse DCT (accurate mode; other formats ignore it).
         With ``fast``, a JPEG may come out scaled down by 1/2, 1/4 or 1/8, never
         below ``min_size`` ``(height, width)``. The caller scales its box by
-        the shape it gets.
+        the shape it gets. ``header``: what :meth:`header` gave for ``data``.
         """
-        if is_jpeg(data):
+        if header is None:
+            header = self.header(data) if is_jpeg(data) else (0, 0, None)
+        h, w, colour = header
+        if colour is not None and colour not in _PILLOW_JPEG:
             codec = simplejpeg()
-            h, w, colour, _ = codec.decode_jpeg_header(data)
-            check_pixels(h, w, self.max_pixels)  # before the buffer grows: the header may claim anything
-            if colour not in _PILLOW_JPEG:
-                buffer = self._buffer(h * w * 3)
-                if self.fast and min(min_size) > 0:
-                    return codec.decode_jpeg(
-                        data, buffer=buffer, fastdct=True, fastupsample=True,
-                        min_height=int(min_size[0]), min_width=int(min_size[1]),
-                    )
-                if self.fast:
-                    return codec.decode_jpeg(data, buffer=buffer, fastdct=True, fastupsample=True)
-                if scale > 1:  # exactly 1/scale: no smaller size (min_*), no bigger one (min_factor)
-                    return codec.decode_jpeg(
-                        data, buffer=buffer, min_height=-(-h // scale), min_width=-(-w // scale), min_factor=scale,
-                    )
-                return codec.decode_jpeg(data, buffer=buffer)
+            buffer = self._buffer(h * w * 3)
+            if self.fast and min(min_size) > 0:
+                return codec.decode_jpeg(
+                    data, buffer=buffer, fastdct=True, fastupsample=True,
+                    min_height=int(min_size[0]), min_width=int(min_size[1]),
+                )
+            if self.fast:
+                return codec.decode_jpeg(data, buffer=buffer, fastdct=True, fastupsample=True)
+            if scale > 1:  # exactly 1/scale: no smaller size (min_*), no bigger one (min_factor)
+                return codec.decode_jpeg(
+                    data, buffer=buffer, min_height=-(-h // scale), min_width=-(-w // scale), min_factor=scale,
+                )
+            return codec.decode_jpeg(data, buffer=buffer)
         return decode_pillow(data, self.max_pixels)
 
-    def decode_region(self, data: Any, scale: int, x0: int, y0: int, x1: int, y1: int) -> tuple[np.ndarray, int, int] | None:
+    def decode_region(self, data: Any, scale: int, x0: int, y0: int, x1: int, y1: int,
+                      header: tuple[int, int, str | None] | None = None) -> tuple[np.ndarray, int, int] | None:
         """Rows ``[y0, y1)`` and at least columns ``[x0, x1)`` of the JPEG ``data`` decoded at 1/``scale``
         (1, 2, 4 or 8; coordinates in the scaled image), as ``(pixels, left, top)``: ``uint8[h, w, 3]``, valid
         until this thread's next call, whose pixel ``(0, 0)`` is ``(left, top)`` of the scaled image.
@@ -260,14 +282,18 @@ class Decoder:
         The columns are widened to whole iMCUs on the left; where a side is cut (not the image's edge), its
         outermost column is not a full decode's (smooth chroma upsampling lacks the neighbour): ask for one
         column more than is needed on such a side. None where partial decoding does not apply: not a JPEG,
-        ``fast`` mode, no ``chute._jpeg``, or a colour space only Pillow turns into RGB.
+        ``fast`` mode, no ``chute._jpeg``, or a colour space only Pillow turns into RGB. ``header``: what
+        :meth:`header` gave for ``data``.
         """
         module = partial_decoder()
-        if module is None or self.fast or not is_jpeg(data):
+        if module is None or self.fast:
             return None
-        h, w, colour, _ = simplejpeg().decode_jpeg_header(data)
-        check_pixels(h, w, self.max_pixels)  # before the buffer grows (chute._jpeg checks again, before libjpeg allocates)
-        if colour in _PILLOW_JPEG:
+        if header is None:
+            if not is_jpeg(data):
+                return None
+            header = self.header(data)  # before the buffer grows (chute._jpeg checks again, before libjpeg allocates)
+        h, w, colour = header
+        if colour is None or colour in _PILLOW_JPEG:
             return None
         buffer = self._buffer(-(-h // scale) * -(-w // scale) * 3)
         limit = 0 if self.max_pixels is None else min(self.max_pixels, 2**64 - 1)  # 0: none (a C unsigned long long)

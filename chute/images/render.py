@@ -85,10 +85,12 @@ class Renderer:
     def __setstate__(self, state: dict) -> None:
         type(self).__init__(self, state["normalize"])
 
-    def render(self, pixels: np.ndarray, box: np.ndarray, out: tuple[int, int], flip: bool, integral: bool, dst: np.ndarray, chw: bool = False) -> None:
-        """Write ``pixels`` (``uint8[h, w, 3]``, or ``[3, h, w]`` with ``chw``) cropped to ``box``, at ``out``, into ``dst`` (``[3, *out]``)."""
+    def render(self, pixels: np.ndarray, box: Sequence[float], out: tuple[int, int], flip: bool, integral: bool, dst: np.ndarray,
+               chw: bool = False) -> None:
+        """Write ``pixels`` (``uint8[h, w, 3]``, or ``[3, h, w]`` with ``chw``) cropped to ``box`` (``x0, y0, x1, y1``),
+        at ``out``, into ``dst`` (``[3, *out]``)."""
         if integral:
-            x0, y0, x1, y1 = (int(v) for v in box)
+            x0, y0, x1, y1 = map(int, box)
             if not chw:
                 self._planes(pixels, x0, y0, y1 - y0, x1 - x0, flip, dst)
                 return
@@ -101,7 +103,7 @@ class Renderer:
             pixels = np.ascontiguousarray(pixels)
         target = dst if dst.flags.c_contiguous else np.empty(dst.shape, dst.dtype)
         h, w = pixels.shape[:2]
-        resample(pixels, h, w, tuple(float(v) for v in box), target, int(out[0]), int(out[1]), flip, self._table)
+        resample(pixels, h, w, box.tolist() if isinstance(box, np.ndarray) else box, target, int(out[0]), int(out[1]), flip, self._table)
         if target is not dst:
             np.copyto(dst, target)
 

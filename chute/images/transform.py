@@ -23,14 +23,13 @@ skips step 1's header and step 4's decode.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from chute.images.codec import MAX_PIXELS, Decoder, ImageTooLargeError, image_size
+from chute.images.codec import MAX_PIXELS, Decoder, ImageTooLargeError
 from chute.images.plan import CenterCrop, HorizontalFlip, Op, Plan, RandomCrop, RandomResizedCrop, Resize, dct_scale
 from chute.images.render import Normalize, Renderer
 
@@ -119,38 +118,55 @@ class Decode:
         return plan
 
     def transform_batch(self, batch: dict[str, Any], ctx: Any) -> dict[str, Any] | None:
-        """The batch with ``column`` decoded into one block ``[n, 3, h, w]`` (see the module docstring)."""
+        """The batch with ``column`` decoded into one block ``[n, 3, h, w]`` (see the module docstring).
+
+        Per image, the Python around the native calls is kept to a few lines (it holds the GIL, which
+        the other loader threads wait for): the header is read once, the geometry, DCT scales and decode
+        regions are worked out for the whole batch in numpy, and the loop reads plain lists.
+        """
         if self.column not in batch:
             raise KeyError(f"chute.images.Decode: the batch has no column {self.column!r} (its columns: {sorted(batch)})")
         images, stored = _images(batch[self.column])
         n = len(images)
         sizes = np.ones((n, 2), dtype=np.int64)
+        headers: list[tuple[int, int, str | None] | None] = [None] * n
+        header = self.decoder.header
         for j in range(n):
             try:
-                sizes[j] = images[j].shape[1:] if stored else image_size(images[j], self.max_pixels)
+                if stored:
+                    sizes[j] = images[j].shape[1:]
+                else:
+                    headers[j] = found = header(images[j])
+                    sizes[j, 0], sizes[j, 1] = found[0], found[1]
             except ImageTooLargeError as exc:
                 ctx.fail(j, f"the image in column {self.column!r} is too large", exc)
             except Exception as exc:
                 ctx.fail(j, f"cannot read the image header in column {self.column!r}", exc)
         plan = self.plan(sizes, ctx)
-        integral = plan.integral()
+        integral = plan.integral().tolist()
         h, w = self.size
         out = ctx.take((n, 3, h, w), self.dtype)
         slots = out.numpy()
         render = self.renderer.render
         fast = self.fast and not stored
         scales = dct_scale(sizes, plan.box, plan.out) if self.scaled and not fast and not stored else None
+        regions = _regions(sizes, plan.box, plan.out, scales) if scales is not None and self.decoder.partial else None
+        boxes, flips = plan.box.tolist(), plan.flip.tolist()
+        scale_list = None if scales is None else scales.tolist()
         failed = set(ctx.skipped)
         for j in range(n):
             if j in failed:
                 continue
             try:
                 if stored:
-                    pixels, box = images[j], plan.box[j]
+                    pixels, box, whole = images[j], boxes[j], integral[j]
                 else:
-                    pixels, box, rescaled = self._decode(images[j], sizes[j], plan.box[j], plan.out[j], None if scales is None else int(scales[j]))
-                    integral[j] &= not rescaled
-                render(pixels, box, (h, w), bool(plan.flip[j]), bool(integral[j]), slots[j], chw=stored)
+                    pixels, box, rescaled = self._decode(
+                        images[j], headers[j], sizes[j], boxes[j], plan.out[j], None if scale_list is None else scale_list[j],
+                        None if regions is None else regions[j],
+                    )
+                    whole = integral[j] and not rescaled
+                render(pixels, box, (h, w), flips[j], whole, slots[j], chw=stored)
             except Exception as exc:
                 ctx.fail(j, f"cannot decode the image in column {self.column!r}", exc)
         batch = dict(batch)
@@ -159,24 +175,31 @@ class Decode:
             return _without(batch, sorted(set(ctx.skipped)), n)
         return batch
 
-    def _decode(self, data: Any, size: np.ndarray, box: np.ndarray, out: np.ndarray, scale: int | None) -> tuple[np.ndarray, np.ndarray, bool]:
+    def _decode(
+        self, data: Any, header: tuple[int, int, str | None] | None, size: np.ndarray, box: list[float], out: np.ndarray,
+        scale: int | None, region: tuple[list[float], list[int]] | None,
+    ) -> tuple[np.ndarray, list[float], bool]:
         """``(pixels, box, rescaled)``: the decoded pixels that hold ``box``, the box in their coordinates, and
         whether they are at another scale than the source (then no crop is a plain copy).
 
-        ``scale`` (accurate mode): the DCT reduction; only the region around the box is decoded where that
-        is possible (:func:`_region`). None: fast mode, or a whole decode.
+        ``scale`` (accurate mode): the DCT reduction; ``region``: the part of the image to decode at that
+        scale and the box in the scaled image (:func:`_regions`), None where that is the whole image or
+        there is no partial decoder. ``scale`` None: fast mode, or a whole decode.
         """
         if scale is not None:
-            part = _region(size, box, out, scale)
-            got = None if part is None else self.decoder.decode_region(data, scale, *part[1])
-            if part is not None and got is not None:
-                pixels, left, top = got
-                return pixels, part[0] - np.array([left, top, left, top], dtype=np.float64), scale > 1
-            pixels = self.decoder.decode(data, scale=scale)
+            if region is not None:
+                scaled, (x0, y0, x1, y1) = region
+                got = self.decoder.decode_region(data, scale, x0, y0, x1, y1, header)
+                if got is not None:
+                    pixels, left, top = got
+                    return pixels, [scaled[0] - left, scaled[1] - top, scaled[2] - left, scaled[3] - top], scale > 1
+            pixels = self.decoder.decode(data, scale=scale, header=header)
         else:
-            pixels = self.decoder.decode(data, _min_size(size, box, out) if self.fast else (0, 0))
-        if pixels.shape[0] != size[0] or pixels.shape[1] != size[1]:  # scaled in the DCT
-            return pixels, box * np.array([pixels.shape[1] / size[1], pixels.shape[0] / size[0]] * 2), True
+            pixels = self.decoder.decode(data, _min_size(size, np.asarray(box), out) if self.fast else (0, 0), header=header)
+        height, width = pixels.shape[0], pixels.shape[1]
+        if height != size[0] or width != size[1]:  # scaled in the DCT
+            sx, sy = width / int(size[1]), height / int(size[0])
+            return pixels, [box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy], True
         return pixels, box, False
 
 
@@ -198,25 +221,28 @@ def _images(column: Any) -> tuple[Sequence[Any] | np.ndarray, bool]:
     return column, False
 
 
-def _region(size: np.ndarray, box: np.ndarray, out: np.ndarray, scale: int) -> tuple[np.ndarray, tuple[int, int, int, int]] | None:
-    """For a decode of part of an image at 1/``scale``: ``(box, (x0, y0, x1, y1))``, the box in the scaled
-    image and the pixels to decode, or None when that is the whole image.
+def _regions(sizes: np.ndarray, box: np.ndarray, out: np.ndarray, scales: np.ndarray) -> list[tuple[list[float], list[int]] | None]:
+    """Per image, for a decode of part of it at 1/``scales[j]``: ``(box, [x0, y0, x1, y1])``, the box in the
+    scaled image and the pixels to decode, or None when that is the whole image (the batch at once, in numpy).
 
     The region is the box widened by what the resample reads around it (the bilinear filter's support,
     the box / output ratio when shrinking, plus one for rounding) and one column more on each side for
     the cut edge's column a partial decode does not give exactly (:meth:`Decoder.decode_region`).
     """
-    h, w = -(-int(size[0]) // scale), -(-int(size[1]) // scale)
-    sx, sy = w / int(size[1]), h / int(size[0])
-    bx0, by0, bx1, by1 = float(box[0]) * sx, float(box[1]) * sy, float(box[2]) * sx, float(box[3]) * sy
-    margin_x = math.ceil(max(1.0, (bx1 - bx0) / int(out[1]))) + 2
-    margin_y = math.ceil(max(1.0, (by1 - by0) / int(out[0]))) + 1
-    x0, y0 = max(0, math.floor(bx0) - margin_x), max(0, math.floor(by0) - margin_y)
-    x1, y1 = min(w, math.ceil(bx1) + margin_x), min(h, math.ceil(by1) + margin_y)
-    if x0 == 0 and y0 == 0 and x1 == w and y1 == h:
-        return None
-    scaled = np.array([bx0, by0, bx1, by1])
-    return scaled, (x0, y0, x1, y1)
+    size_h, size_w = sizes[:, 0], sizes[:, 1]
+    h, w = -(-size_h // scales), -(-size_w // scales)
+    sx, sy = w / size_w, h / size_h
+    bx0, by0, bx1, by1 = box[:, 0] * sx, box[:, 1] * sy, box[:, 2] * sx, box[:, 3] * sy
+    margin_x = np.ceil(np.maximum(1.0, (bx1 - bx0) / out[:, 1])).astype(np.int64) + 2
+    margin_y = np.ceil(np.maximum(1.0, (by1 - by0) / out[:, 0])).astype(np.int64) + 1
+    x0 = np.maximum(0, np.floor(bx0).astype(np.int64) - margin_x)
+    y0 = np.maximum(0, np.floor(by0).astype(np.int64) - margin_y)
+    x1 = np.minimum(w, np.ceil(bx1).astype(np.int64) + margin_x)
+    y1 = np.minimum(h, np.ceil(by1).astype(np.int64) + margin_y)
+    whole = ((x0 == 0) & (y0 == 0) & (x1 == w) & (y1 == h)).tolist()
+    scaled = np.stack([bx0, by0, bx1, by1], axis=1).tolist()
+    bounds = np.stack([x0, y0, x1, y1], axis=1).tolist()
+    return [None if whole[j] else (scaled[j], bounds[j]) for j in range(len(whole))]
 
 
 def _min_size(size: np.ndarray, box: np.ndarray, out: np.ndarray) -> tuple[int, int]:
