@@ -32,6 +32,7 @@ def array_dataset(name: str, root: str) -> tuple[chute.Dataset, str]:
     spec = SHAPES[name]
     path = os.path.join(root, name)
     raw = os.path.join(root, f"{name}.npy")
+    os.makedirs(root, exist_ok=True)
     if not os.path.exists(raw):
         rng = np.random.default_rng(0)
         data = np.lib.format.open_memmap(raw + ".tmp.npy", mode="w+", dtype=spec["dtype"], shape=(spec["rows"], *spec["shape"]))
