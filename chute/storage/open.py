@@ -88,6 +88,13 @@ def open_dataset(
     root = os.path.abspath(local_path(path, "open"))
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if os.path.isfile(root):  # it exists: say what it is not, not that it is missing
+        if _is_hdf5(root):
+            raise ManifestError(
+                f"{root} is an HDF5 file, not a chute dataset (a directory with a {MANIFEST_NAME}); chute.open returns "
+                "a chute.Dataset (manifest, checksums, verify). Read the file in place with "
+                f"chute.sources.open_hdf5({os.fspath(path)!r}) (its contiguous, uncompressed datasets: a view the Loader "
+                f"takes), or convert it: chute convert {os.fspath(path)} DST, then open DST"
+            )
         raise ManifestError(f"{root} is a file, not a chute dataset (a directory with a {MANIFEST_NAME}); "
                             "convert it first: chute convert SRC DST, then open DST")
     if not os.path.isdir(root):
@@ -126,6 +133,19 @@ def open_dataset(
             )
     validate.check_empty_shards(root, manifest, f"dataset {root}")
     return Dataset(root, manifest, text, verify=verify)
+
+
+#: The first bytes of an HDF5 file (NetCDF4 files are HDF5 files).
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _is_hdf5(path: str) -> bool:
+    """Whether the file starts with HDF5's signature (read without h5py)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE
+    except OSError:
+        return False
 
 
 def _is_remote(path: str) -> bool:

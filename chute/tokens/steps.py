@@ -17,6 +17,7 @@ the Loader's (``shuffle=False``, ``seed=0``, one rank).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -87,7 +88,8 @@ def which(
     - a :class:`chute.Loader` (of a token view or a mixture of them): every setting is the loader's, and the
       epoch is the one it is reading (between epochs: the next one); ``epoch=`` picks another;
     - a ``loader.state_dict()``, with ``data=`` the view (or mixture) the loader read: the settings are the
-      state's (batch size, world size, seed, shuffle, window, epoch, a mixture's weights);
+      state's (batch size, world size, seed, shuffle, window, epoch, a mixture's weights); with ``stages=`` that
+      keep state, the Loader's state is found where they nested it (under ``"source"``, or the one inside);
     - the data itself: a :class:`chute.tokens.Sequences` view, a mixture of views, or anything
       :func:`chute.tokens.sequences` takes with ``seq_len`` and ``pack``; the settings are the arguments, which
       default to the Loader's (``shuffle=False``, ``seed=0``, ``world_size=1``, ``epoch=0``).
@@ -180,7 +182,7 @@ def _from_loader(loader: Any, epoch: int | None) -> _Run:
     elif not isinstance(view, Sequences):
         raise ChuteError(f"which(loader, step) needs a loader of chute.tokens.sequences(...) (or a mixture of them), "
                          f"not of {getattr(view, 'root', type(view).__name__)}")
-    state = loader.state_dict()
+    state = _loader_state(loader.state_dict(), "which(loader, step)")
     here = int(state["epoch"])
     chosen = here if epoch is None else integer(epoch, "epoch", 0, 2**62)
     position = int(state["consumed"]) if chosen == here else 0
@@ -188,9 +190,7 @@ def _from_loader(loader: Any, epoch: int | None) -> _Run:
 
 
 def _from_state(state: Mapping[str, Any], view: Any, drop_last: bool) -> _Run:
-    missing = [k for k in ("epoch", "consumed", "seed", "shuffle", "window", "batch_size", "world_size") if k not in state]
-    if missing:
-        raise ChuteError(f"which(state_dict, step): the state has no {', '.join(missing)}; pass what loader.state_dict() returned")
+    state = _loader_state(state, "which(state_dict, step)")
     batch_size = integer(state["batch_size"], "the state's batch_size", 1, 2**62)
     order = _order(view, batch_size, bool(state["shuffle"]), _seed(state["seed"]),
                    integer(state["window"], "the state's window", 1, 2**62), drop_last)
@@ -199,6 +199,70 @@ def _from_state(state: Mapping[str, Any], view: Any, drop_last: bool) -> _Run:
     except ValueError as exc:
         raise ChuteError(f"which(state_dict, step): the state does not belong to {view.root}: {exc}") from None
     return _Run(view, order, batch_size, integer(state["world_size"], "the state's world_size", 1, 2**20), epoch, consumed)
+
+
+#: The keys of a Loader's own state (``loader.state_dict()`` without stages of one's own that keep state).
+_POSITION = ("epoch", "consumed", "seed", "shuffle", "window", "batch_size", "world_size")
+_DEPTH = 64  # how deep stages may nest the Loader's state (a bound: a state is data from outside)
+
+
+def _loader_state(state: Mapping[str, Any], caller: str) -> Mapping[str, Any]:
+    """The Loader's own state in ``state``: ``state`` itself, or where stages of one's own nested it.
+
+    A stage that keeps state nests its source's in its own (``chute.Stage.state``), by convention under
+    ``"source"``, so ``loader.state_dict()`` of a Loader with such stages is the last stage's state. That chain of
+    ``"source"`` keys is followed first; otherwise the one Loader state anywhere inside (mappings and lists) is
+    taken. None, or several that differ, is a :class:`~chute.errors.ChuteError` saying what was found.
+    """
+    node: Any = state
+    for _ in range(_DEPTH):
+        if not isinstance(node, Mapping):
+            break
+        if _is_position(node):
+            return node
+        node = node.get("source")
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    closest: tuple[int, str, Mapping[str, Any]] | None = None
+    todo: collections.deque[tuple[Any, str, int]] = collections.deque([(state, "", 0)])
+    while todo:  # breadth first: the shallowest first
+        node, path, depth = todo.popleft()
+        if isinstance(node, Mapping):
+            if _is_position(node):
+                found.append((path, node))
+                continue
+            have = sum(k in node for k in _POSITION)
+            if have and (closest is None or have > closest[0]):
+                closest = (have, path, node)
+            items: Any = node.items()
+        elif isinstance(node, (list, tuple)):
+            items = enumerate(node)
+        else:
+            continue
+        if depth < _DEPTH:
+            todo.extend((v, f"{path}[{k!r}]", depth + 1) for k, v in items)
+    distinct = [(p, s) for i, (p, s) in enumerate(found) if all(s != t for _, t in found[:i])]
+    if len(distinct) == 1:
+        return distinct[0][1]
+    if distinct:
+        raise ChuteError(
+            f"{caller}: the state holds {len(distinct)} different Loader states, at "
+            f"{', '.join('state' + p for p, _ in distinct)}; a stage that keeps state nests its source's under "
+            "'source': pass the Loader's own state (loader.state_dict() of a Loader without such stages, or the one "
+            "your stage saved as its source's)"
+        )
+    if closest is not None:
+        where = f" (at state{closest[1]})" if closest[1] else ""
+        missing = [k for k in _POSITION if k not in closest[2]]
+        raise ChuteError(f"{caller}: the state has no {', '.join(missing)}{where}; pass what loader.state_dict() returned")
+    keys = list(state)[:10] if isinstance(state, Mapping) else []
+    raise ChuteError(
+        f"{caller}: found no Loader state in the state (a mapping with {', '.join(_POSITION)}, itself or nested by "
+        f"stages under 'source'); its keys are {keys}; pass what loader.state_dict() returned"
+    )
+
+
+def _is_position(node: Mapping[str, Any]) -> bool:
+    return all(k in node for k in _POSITION)
 
 
 def _pieces_of_step(run: _Run, step: int) -> list[list[Piece]]:

@@ -132,6 +132,28 @@ def test_files_that_are_not_hdf5_are_named(tmp_path):
 # --------------------------------------------------------------------------- read in place
 
 
+def test_chute_open_of_an_hdf5_file_says_to_read_it_in_place_or_convert_it(tmp_path):
+    """chute.open returns a chute.Dataset (manifest, checksums, verify), which the in-place view is not: opening an
+    HDF5 file (by path or through the Loader) names the view and the converter, and imports no h5py."""
+    write_sim(tmp_path / "sim.h5", compressed=False, n=20, step="<i4")
+    os.rename(tmp_path / "sim.h5", tmp_path / "sim.data")  # found by its signature, whatever its name
+    expected = (r"sim.data is an HDF5 file, not a chute dataset .*chute.sources.open_hdf5\('.*sim.data'\) .*"
+                r"or convert it: chute convert .*sim.data DST")
+    with pytest.raises(chute.ManifestError, match=expected):
+        chute.open(tmp_path / "sim.data")
+    with pytest.raises(chute.ManifestError, match=expected):
+        chute.Loader(str(tmp_path / "sim.data"), batch_size=4)
+    view = open_hdf5(tmp_path / "sim.data")  # what the message says works
+    assert sorted(next(iter(chute.Loader(view, batch_size=20)))["label"].tolist()) == sorted(np.arange(20) % 7)
+    code = (f"import sys, chute\ntry:\n    chute.open({str(tmp_path / 'sim.data')!r})\nexcept chute.ManifestError:\n"
+            "    pass\nprint('h5py' in sys.modules)")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr
+
+
 @pytest.fixture
 def plain(tmp_path):
     values = write_sim(tmp_path / "sim.h5", compressed=False, n=1000, step="<i4")  # big-endian is not read in place
