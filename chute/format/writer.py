@@ -351,8 +351,12 @@ class Writer:
 
     # ------------------------------------------------------------------ samples
 
+    #: What writes this writer's shards: a subclass of :class:`ShardWriter` (``chute.sources._blocks`` feeds
+    #: blocks of rows) is made here with the same arguments, so a new writer option reaches it too.
+    part_type: type[ShardWriter] = ShardWriter
+
     def _set_schema(self, schema: Schema) -> None:
-        self.part = ShardWriter(
+        self.part = self.part_type(
             self.root, schema, token=self.token, shard_size=self.shard_size, checksum=self.checksum,
             durable=self.durable, upload=self.upload,
         )

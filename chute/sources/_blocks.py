@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,13 +27,16 @@ import chute
 from chute.errors import SchemaError
 from chute.format.builders import cast_exact
 from chute.format.columns import numpy_dtype
-from chute.format.schema import FIXED_SIZE, ColumnType, Schema, Tensor, arrow_type, as_array
-from chute.format.writer import DEFAULT_SHARD_SIZE, ShardWriter
+from chute.format.schema import FIXED_SIZE, ColumnType, Tensor, arrow_type, as_array
+from chute.format.writer import ShardWriter
 from chute.sources._progress import Progress
 from chute.storage.open import open_dataset
-from chute.storage.write import Writer
+from chute.storage.write import StoreOptions, Writer, store_options
 
-__all__ = ["Block", "BlockShards", "fixed_block", "rows_block", "write_blocks"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["Block", "BlockShards", "BlockWriter", "fixed_block", "rows_block", "write_blocks"]
 
 Block = tuple[dict[str, Any], int, str]
 """``(values by column, rows, where)``: a block of rows and what names it in errors."""
@@ -130,25 +133,25 @@ class BlockShards(ShardWriter):
         self.write_batch(pa.record_batch(arrays, schema=self.arrow_schema))
 
 
+class BlockWriter(Writer):
+    """:class:`chute.Writer` (every option of it) whose shards are written by :class:`BlockShards`."""
+
+    part_type = BlockShards
+
+
 def write_blocks(
-    blocks: Iterable[Block],
-    dst: str | os.PathLike,
-    *,
-    schema: Mapping[str, ColumnType],
-    progress: Progress,
-    metadata: Mapping[str, Any] | None = None,
-    shard_size: int | str = DEFAULT_SHARD_SIZE,
-    overwrite: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
+    blocks: Iterable[Block], dst: str | os.PathLike, *, progress: Progress, **options: Unpack[StoreOptions],
 ) -> chute.Dataset:
-    """Write ``(block, rows, where)`` triples to a dataset at ``dst`` (a folder or a URL), commit it and open it."""
-    writer = Writer(dst, schema=Schema.from_dict(dict(schema)), metadata=metadata, shard_size=shard_size, overwrite=overwrite,
-                    storage_options=storage_options)
-    assert writer.schema is not None  # given
-    writer.part = shards = BlockShards(
-        writer.root, writer.schema, token=writer.token, shard_size=writer.shard_size, checksum=writer.checksum,
-        durable=writer.durable, upload=writer.upload,
-    )
+    """Write ``(block, rows, where)`` triples to a dataset at ``dst`` (a folder or a URL), commit it and open it.
+
+    ``options`` are :class:`chute.Writer`'s (``schema`` is needed: a block's columns are typed before it is read).
+    """
+    o = store_options(options, "write_blocks")
+    if o["schema"] is None:
+        raise TypeError("write_blocks needs schema=: the columns' types before the first block")
+    writer = BlockWriter(dst, **options)
+    shards = writer.part
+    assert isinstance(shards, BlockShards)  # made by the writer (part_type), with the writer's own options
     where = ""
     with progress:
         try:
@@ -164,4 +167,4 @@ def write_blocks(
         except BaseException:
             writer.abort()
             raise
-    return open_dataset(writer.url, storage_options=storage_options)
+    return open_dataset(writer.url, storage_options=o["storage_options"])
