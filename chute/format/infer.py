@@ -23,7 +23,7 @@ not grow with the number of samples (a map's keys stop being tracked past
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -222,6 +222,19 @@ class Node:
                     self.bad_key = position
                 return
             self.str_keys = frozenset(value)
+        self._map_items(value)
+        if self.keys is not None:
+            for key, item in value.items():
+                node = self.keys.get(key)
+                if node is None:
+                    if len(self.keys) >= MAX_RECORD_KEYS and self.mappable:
+                        self.keys = None  # a map: its keys vary too much to be columns
+                        return
+                    node = self.keys[key] = Node()
+                node.add(item, position)
+
+    def _map_items(self, value: Mapping[str, Any]) -> None:
+        """What a dict's values say of it as a map: whether one can hold them, their map value kind, JSON."""
         if value and self.mappable:
             items = list(value.values())
             if all(type(v) in (str, bytes, int, float) or is_number_value(v) for v in items):
@@ -235,15 +248,44 @@ class Node:
                 self.map_value = kind if self.map_value is None else _merge_map_values(self.map_value, kind)
         if not (self.mappable and _is_json_value(list(value.values()))):
             self.json_ok = False
-        if self.keys is not None:
-            for key, item in value.items():
-                node = self.keys.get(key)
-                if node is None:
-                    if len(self.keys) >= MAX_RECORD_KEYS and self.mappable:
-                        self.keys = None  # a map: its keys vary too much to be columns
-                        return
-                    node = self.keys[key] = Node()
-                node.add(item, position)
+
+    # ------------------------------------------------------------------ adding alike values at once
+
+    def alike(self, first: Any, values: Sequence[Any]) -> bool:
+        """Whether each of ``values`` has the structure of ``first`` (just added here): the same exact types, dict
+        keys, array dtypes and shapes all the way down, of the kinds :meth:`add_alike` takes. Reads only."""
+        kind = type(first)
+        if kind is np.ndarray:
+            return all(type(v) is kind for v in values) and {(v.dtype, v.shape) for v in values} <= {(first.dtype, first.shape)}
+        if kind in _ALIKE_LEAVES:
+            return all(type(v) is kind for v in values)
+        if kind is not dict or self.keys is None or self.bad_key is not None or first.keys() != self.str_keys:
+            return False
+        keys = first.keys()
+        if not all(type(v) is dict and v.keys() == keys for v in values):
+            return False
+        return all(self.keys[k].alike(first[k], [v[k] for v in values]) for k in keys)
+
+    def add_alike(self, first: Any, values: Sequence[Any]) -> None:
+        """Add ``values`` that :meth:`alike` accepted: exactly what :meth:`add` of each would do, whose first
+        positions ``first`` already recorded, so only the counts (and a map's per-dict checks) remain."""
+        kind, n = type(first), len(values)
+        if kind is type(None):
+            self.nones += n
+            return
+        self.present += n
+        if kind is int and values:
+            low, high = self.int_range or (first, first)
+            self.int_range = (min(low, min(values)), max(high, max(values)))
+        elif kind is dict:
+            self.dicts += n
+            self.key_slots += n * len(first)
+            if self.mappable or self.json_ok:  # (a record of arrays stops being either at its first dict)
+                for value in values:
+                    self._map_items(value)
+            assert self.keys is not None  # alike() checked
+            for k in first:
+                self.keys[k].add_alike(first[k], [v[k] for v in values])
 
     # ------------------------------------------------------------------ merging
 
@@ -303,8 +345,13 @@ def _first(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
 
+#: The leaf types :meth:`Node.alike` compares by exact type alone (numpy arrays: also dtype and shape).
+_ALIKE_LEAVES = frozenset({int, float, str, bytes, bool, type(None)})
+
+
 class Summary:
-    """The summary of dict samples, fed one at a time (``add``) or merged from parts (``merge``)."""
+    """The summary of dict samples, fed one at a time (``add``), a list at a time (``add_many``) or merged from
+    parts (``merge``)."""
 
     def __init__(self) -> None:
         self.root = Node()
@@ -313,6 +360,20 @@ class Summary:
     def add(self, sample: Mapping[str, Any], position: int) -> None:
         self.samples += 1
         self.root.add(sample, position)
+
+    def add_many(self, samples: Sequence[Mapping[str, Any]], position: int) -> None:
+        """``add`` of each of ``samples`` (the first at ``position``), with the same result; samples shaped like
+        the first (the usual case: records of the same fields, types and array shapes) are counted at once."""
+        if not samples:
+            return
+        first, rest = samples[0], samples[1:]
+        self.add(first, position)
+        if self.root.alike(first, rest):
+            self.samples += len(rest)
+            self.root.add_alike(first, rest)
+            return
+        for i, sample in enumerate(rest, start=position + 1):
+            self.add(sample, i)
 
     def merge(self, other: Summary) -> None:
         self.samples += other.samples

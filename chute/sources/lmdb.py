@@ -16,10 +16,16 @@ anything else                      the raw bytes (an encoded image per key, say)
 =================================  ======================================================
 
 A pickled dict of record fields becomes one column per key (nested dicts
-dotted), as the index converter's files do: the types come from every value,
-read in a first pass that keeps only a summary (:mod:`chute.format.infer`).
-Both passes run in reader processes, each opening the database read-only and
-walking its own range of keys; rows keep key order.
+dotted), as the index converter's files do: the types come from every value
+(:mod:`chute.format.infer`). Each value is read and decoded once: the first
+range of keys is decoded in this process and its types are the plan; reader
+processes (each opening the database read-only and walking its own range of
+keys) then decode, summarise and build the rows of the other ranges in that
+plan, and the dataset is committed only if the summary of every value gives
+the same plan. If it does not (an array that grows in the last key, a key that
+appears late), the dataset is written again with the plan of every value, a
+second pass; so is it after any error, which that pass then reports as it
+stands. Rows keep key order.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import chute
-from chute.errors import ChuteError, PickleRefusedError
+from chute.errors import ChuteError, PickleRefusedError, SchemaError
 from chute.format.infer import Column, InferenceError, Summary, extract
 from chute.format.schema import Bytes, ColumnType, String
 from chute.sources._blocks import Block, rows_block, write_blocks
@@ -40,6 +46,7 @@ from chute.sources._hints import from_inference
 from chute.sources._parallel import OrderedPool, chunk_size_for
 from chute.sources._progress import Progress
 from chute.sources._write import DEFAULT_SHARD_SIZE
+from chute.storage.write import StoreOptions
 
 KEY_COLUMN = "key"
 DATA_COLUMN = "data"
@@ -131,7 +138,7 @@ def summarise(path: str, fmt: str, part: tuple[bytes, int, int]) -> list[tuple[S
 
 def read_part(path: str, fmt: str, columns: list[Column], schema: dict[str, ColumnType], keys_as_str: bool,
               part: tuple[bytes, int, int]) -> list[Block]:
-    """A reader task of the second pass: one range of keys as a block of rows."""
+    """A reader task of the write pass: one range of keys as a block of rows."""
     rows = []
     for key, value in _records(path, part):
         sample = {KEY_COLUMN: _key_text(key, keys_as_str)}
@@ -139,6 +146,60 @@ def read_part(path: str, fmt: str, columns: list[Column], schema: dict[str, Colu
         rows.append(sample)
     where = _where(path, part[0])
     return [(rows_block(rows, schema, where), len(rows), where)]
+
+
+#: A reader task's result in the one pass: the block in the plan (None: a value does not fit it), its rows, what
+#: names it, the summary of its values and whether its keys are UTF-8.
+_Read = tuple[dict[str, Any] | None, int, str, Summary, bool]
+
+
+def _decoded(path: str, fmt: str, part: tuple[bytes, int, int]) -> tuple[list[bytes], list[dict[str, Any]], Summary, bool]:
+    """The keys of a range, its values decoded (as ``{"data": value}``), their summary, and whether every key is UTF-8."""
+    keys, samples = [], []
+    for key, value in _records(path, part):
+        keys.append(key)
+        samples.append({DATA_COLUMN: decode(value, fmt, key, path)})
+    summary = Summary()
+    summary.add_many(samples, part[2])
+    return keys, samples, summary, all(_is_utf8(k) for k in keys)
+
+
+def _is_utf8(key: bytes) -> bool:
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _block(path: str, keys: list[bytes], samples: list[dict[str, Any]], columns: list[Column],
+           schema: dict[str, ColumnType], keys_as_str: bool, first: bytes) -> dict[str, Any] | None:
+    """Decoded values as a block of rows in the plan ``columns``; None if one does not fit it."""
+    try:
+        rows = []
+        for key, sample in zip(keys, samples):
+            row = {KEY_COLUMN: _key_text(key, keys_as_str)}
+            row.update(extract(sample, columns))
+            rows.append(row)
+        return rows_block(rows, schema, _where(path, first))
+    except (SchemaError, UnicodeDecodeError):
+        return None
+
+
+def read_once(path: str, fmt: str, columns: list[Column], schema: dict[str, ColumnType], keys_as_str: bool,
+              part: tuple[bytes, int, int]) -> list[_Read]:
+    """A reader task of the one pass: a range of keys decoded once, as a block in the plan and as a summary."""
+    keys, samples, summary, utf8 = _decoded(path, fmt, part)
+    block = _block(path, keys, samples, columns, schema, keys_as_str, part[0]) if utf8 or not keys_as_str else None
+    return [(block, len(keys), _where(path, part[0]), summary, utf8)]
+
+
+class _Replan(Exception):
+    """The one pass cannot commit: the plan of every value differs from the first range's, or it failed."""
+
+    def __init__(self, summary: Summary | None = None, keys_as_str: bool = True) -> None:
+        super().__init__("the values' plan differs from the first range's")
+        self.summary, self.keys_as_str = summary, keys_as_str
 
 
 def _parts(path: str, size: int | None, workers: int) -> tuple[list[tuple[bytes, int, int]], int, bytes | None]:
@@ -192,6 +253,12 @@ def columns_of(path: str, fmt: str, parts: list[tuple[bytes, int, int]], declare
         keys_as_str = keys_as_str and utf8
         if progress is not None:
             progress.update(part.samples)
+    return planned(path, parts, summary, keys_as_str, declared)
+
+
+def planned(path: str, parts: list[tuple[bytes, int, int]], summary: Summary, keys_as_str: bool,
+            declared: dict[str, ColumnType]) -> tuple[list[Column], dict[str, ColumnType]]:
+    """The columns of the values ``summary`` summarises, and the schema with ``key``."""
     places = _Places(_name(path), parts)
     columns = plan_columns(summary, declared, [KEY_COLUMN], places, API)  # type: ignore[arg-type]  # indexable by position
     schema: dict[str, ColumnType] = {KEY_COLUMN: String() if keys_as_str else Bytes()}
@@ -223,23 +290,75 @@ def from_lmdb(
     Pickled values need ``allow_pickle=True`` (they can run code: only databases you
     trust). ``column_types`` declares some columns' types as for the index converter.
     Values are read by ``workers`` processes (default: one per CPU; 0 reads in this
-    process), twice: once for the types, once to write.
+    process), once if the first range of keys has the types of all of them (else
+    twice: see the module doc).
     """
     source = os.fspath(path)
     declared = dict(column_types or {})
     with OrderedPool(workers) as pool:
         parts, count, fmt = plan(source, allow_pickle, None, pool.workers)
-        with Progress(count, "chute convert (lmdb): reading types", enabled=progress, unit="keys") as bar:
-            columns, schema = columns_of(source, fmt, parts, declared, pool, bar)
+        options: StoreOptions = {"metadata": metadata(source, fmt), "shard_size": shard_size, "overwrite": overwrite}
+        try:
+            return _one_pass(source, dst, fmt, parts, count, declared, pool, progress, options)
+        except _Replan as replan:
+            summary, keys_as_str = replan.summary, replan.keys_as_str
+        if summary is None:  # the first range cannot be planned, or writing failed: as two passes would say it
+            with Progress(count, "chute convert (lmdb): reading types", enabled=progress, unit="keys") as bar:
+                columns, schema = columns_of(source, fmt, parts, declared, pool, bar)
+        else:
+            columns, schema = planned(source, parts, summary, keys_as_str, declared)
         read = functools.partial(read_part, source, fmt, columns, schema, isinstance(schema[KEY_COLUMN], String))
+        options["schema"] = schema
         try:
             return write_blocks(
-                pool.map(read, parts), dst, schema=schema,
-                progress=Progress(count, "chute convert (lmdb)", enabled=progress, unit="keys"),
-                metadata=metadata(source, fmt), shard_size=shard_size, overwrite=overwrite,
+                pool.map(read, parts), dst,
+                progress=Progress(count, "chute convert (lmdb): writing with every value's types", enabled=progress,
+                                  unit="keys"),
+                **options,
             )
         except InferenceError as exc:
             raise from_inference(exc, exc.detail, API, declared=declared) from None
+
+
+def _one_pass(source: str, dst: str | os.PathLike, fmt: str, parts: list[tuple[bytes, int, int]], count: int,
+              declared: dict[str, ColumnType], pool: OrderedPool, progress: bool, options: StoreOptions) -> chute.Dataset:
+    """Write every value in the plan of the first range's, decoding each once; :class:`_Replan` (nothing written)
+    if the plan of every value differs, or with no summary if the first range cannot be planned or writing fails."""
+    keys, samples, summary, keys_as_str = _decoded(source, fmt, parts[0])
+    try:
+        columns, schema = planned(source, parts, summary, keys_as_str, declared)
+    except SchemaError:
+        raise _Replan() from None
+    first = _block(source, keys, samples, columns, schema, keys_as_str, parts[0][0])
+    del samples
+    if first is None:
+        raise _Replan()
+    bar = Progress(count, "chute convert (lmdb)", enabled=progress, unit="keys")
+
+    def blocks() -> Any:
+        total, utf8, fits = summary, keys_as_str, True
+        yield first, len(keys), _where(source, parts[0][0])
+        read = functools.partial(read_once, source, fmt, columns, schema, keys_as_str)
+        for block, rows, where, part, part_utf8 in pool.map(read, parts[1:]):
+            total.merge(part)
+            utf8 = utf8 and part_utf8
+            fits = fits and block is not None
+            if fits:
+                yield block, rows, where
+            else:
+                bar.update(rows)  # read for its summary only
+        try:
+            same = fits and utf8 == keys_as_str and planned(source, parts, total, utf8, declared)[0] == columns
+        except SchemaError:  # (the write pass's planning raises it again, as it stands)
+            same = False
+        if not same:
+            raise _Replan(total, utf8)
+
+    options["schema"] = schema
+    try:
+        return write_blocks(blocks(), dst, progress=bar, **options)
+    except SchemaError:  # a value the writer refused: the two passes say it as it stands
+        raise _Replan() from None
 
 
 class _Places:

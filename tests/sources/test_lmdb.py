@@ -86,3 +86,61 @@ def test_a_damaged_pickle_is_named_by_its_key(tmp_path):
     with pytest.raises(chute.ChuteError, match=r"db key b'007': the value cannot be read as pickle"):
         convert(tmp_path / "db", tmp_path / "ds", allow_pickle=True, workers=0, progress=False)
     assert not (tmp_path / "ds").exists()
+
+
+@pytest.fixture
+def small_ranges(monkeypatch):
+    """Ranges of 16 keys (a chunk of 1): the readers' ranges and the first range's plan on a small database."""
+    import chute.sources.lmdb as module
+
+    monkeypatch.setattr(module, "chunk_size_for", lambda total, workers: 1)
+    decoded = []
+    real = module.unpickle
+    monkeypatch.setattr(module, "unpickle", lambda value: decoded.append(1) or real(value))
+    return decoded
+
+
+def _same_rows(ds, dicts) -> None:
+    rows = _rows(ds)
+    assert len(rows) == len(dicts)
+    for row, d in zip(rows, dicts):
+        assert row["x"].numpy().tobytes() == d["x"].tobytes() and int(row["label"]) == d["label"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_value_is_decoded_once_when_the_first_range_has_every_type(tmp_path, small_ranges, workers):
+    dicts = [{"x": np.arange(5, dtype=np.float32) * i, "label": i % 10} for i in range(100)]
+    write_db(tmp_path / "db", {f"{i:08d}".encode(): pickle.dumps(d) for i, d in enumerate(dicts)})
+    ds = convert(tmp_path / "db", tmp_path / "ds", allow_pickle=True, workers=workers, progress=False)
+    assert dict(ds.schema) == {"key": chute.String(), "x": chute.Tensor("float32", (5,)), "label": chute.Scalar("int64")}
+    assert len(ds.shards) >= 1 and len(ds) == 100
+    _same_rows(ds, dicts)
+    if workers == 0:  # (in reader processes the count is theirs)
+        assert len(small_ranges) == 100
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_types_that_change_after_the_first_range_are_written_again_with_every_values_types(tmp_path, small_ranges, workers):
+    dicts = _dicts(100)  # the last array is longer: a ragged column, which the first range does not show
+    values = {f"{i:08d}".encode(): pickle.dumps(d) for i, d in enumerate(dicts)}
+    values[b"\xff late"] = pickle.dumps({**dicts[0], "extra": 1.5})  # a key that is not UTF-8, a field seen late
+    write_db(tmp_path / "db", values)
+    ds = convert(tmp_path / "db", tmp_path / "ds", allow_pickle=True, workers=workers, progress=False)
+    assert dict(ds.schema) == {"key": chute.Bytes(), "x": chute.Ragged("float32", 1), "label": chute.Scalar("int64"),
+                               "tags": chute.Json(), "meta.w": chute.Scalar("int64"),
+                               "extra": chute.Nullable(chute.Scalar("float64"))}
+    _same_rows(ds, dicts + [dicts[0]])
+    assert ds[100]["key"] == b"\xff late" and ds[100]["extra"] == 1.5 and ds[99]["extra"] is None
+    if workers == 0:  # once to find the types differ, once more to write
+        assert len(small_ranges) == 2 * 101
+
+
+def test_a_value_that_does_not_fit_any_type_is_named_as_before(tmp_path, small_ranges):
+    dicts = [{"x": np.arange(3, dtype=np.float32), "label": i} for i in range(60)]
+    dicts[50]["label"] = np.zeros(2, np.complex64)  # no chute type holds it
+    values = {f"{i:08d}".encode(): pickle.dumps(d) for i, d in enumerate(dicts)}
+    write_db(tmp_path / "db", values)
+    with pytest.raises(chute.ChuteError) as info:
+        convert(tmp_path / "db", tmp_path / "ds", allow_pickle=True, workers=0, progress=False)
+    assert "db key number 50" in str(info.value), str(info.value)
+    assert not (tmp_path / "ds").exists()
