@@ -23,6 +23,7 @@ not grow with the number of samples (a map's keys stop being tracked past
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -255,14 +256,16 @@ class Node:
         """Whether each of ``values`` has the structure of ``first`` (just added here): the same exact types, dict
         keys, array dtypes and shapes all the way down, of the kinds :meth:`add_alike` takes. Reads only."""
         kind = type(first)
+        if not set(map(type, values)) <= {kind}:
+            return False
         if kind is np.ndarray:
-            return all(type(v) is kind for v in values) and {(v.dtype, v.shape) for v in values} <= {(first.dtype, first.shape)}
+            return {(v.dtype, v.shape) for v in values} <= {(first.dtype, first.shape)}
         if kind in _ALIKE_LEAVES:
-            return all(type(v) is kind for v in values)
+            return True
         if kind is not dict or self.keys is None or self.bad_key is not None or first.keys() != self.str_keys:
             return False
         keys = first.keys()
-        if not all(type(v) is dict and v.keys() == keys for v in values):
+        if not all(map(keys.__eq__, map(dict.keys, values))):
             return False
         return all(self.keys[k].alike(first[k], [v[k] for v in values]) for k in keys)
 
@@ -538,6 +541,20 @@ def _promote(dtypes: Mapping[str, int]) -> str | None:
     numpy = [np.dtype(np.bool_) if d == "bool" else np.dtype(d) for d in dtypes]
     name = np.result_type(*numpy).name
     return name if name in DTYPES else None
+
+
+def extract_columns(samples: Sequence[Mapping[str, Any]], columns: list[Column]) -> dict[str, list[Any]]:
+    """:func:`extract` of each sample, column by column: each planned column's values, in order (the same values)."""
+    out = {}
+    for column in columns:
+        values: list[Any] = list(samples)
+        for key in column.path:  # a level of every sample at once: what extract does to each
+            if set(map(type, values)) <= {dict}:
+                values = list(map(dict.get, values, itertools.repeat(key)))
+            else:
+                values = [v.get(key) if isinstance(v, Mapping) else None for v in values]
+        out[column.name] = values
+    return out
 
 
 def extract(sample: Mapping[str, Any], columns: list[Column]) -> dict[str, Any]:

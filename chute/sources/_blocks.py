@@ -36,7 +36,7 @@ from chute.storage.write import StoreOptions, Writer, store_options
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["Block", "BlockShards", "BlockWriter", "fixed_block", "rows_block", "write_blocks"]
+__all__ = ["Block", "BlockShards", "BlockWriter", "columns_block", "fixed_block", "rows_block", "write_blocks"]
 
 Block = tuple[dict[str, Any], int, str]
 """``(values by column, rows, where)``: a block of rows and what names it in errors."""
@@ -60,15 +60,21 @@ def fixed_block(name: str, ctype: Any, values: Any, rows: int, where: str) -> np
 def rows_block(samples: Sequence[Mapping[str, Any]], schema: Mapping[str, ColumnType], where: str) -> dict[str, Any]:
     """Row dicts as one block: each fixed-size column stacked into one array (the per-row work, done where the rows
     were read: a reader process), the other columns as lists of values."""
+    return columns_block({name: [sample[name] for sample in samples] for name in schema}, schema, where)
+
+
+def columns_block(columns: Mapping[str, list[Any]], schema: Mapping[str, ColumnType], where: str) -> dict[str, Any]:
+    """Each column's values (a list, one per row) as one block: :func:`rows_block` of rows given by column."""
     block: dict[str, Any] = {}
     for name, ctype in schema.items():
-        values = [sample[name] for sample in samples]
+        values = columns[name]
         if not isinstance(ctype, FIXED_SIZE):
             block[name] = values
             continue
         shape = (len(values), *ctype.shape) if isinstance(ctype, Tensor) else (len(values),)
         try:
-            arrays: list[Any] = [as_array(v) if not isinstance(v, (int, float, np.generic)) else v for v in values]
+            arrays: list[Any] = values if all(type(v) is np.ndarray for v in values) else [
+                as_array(v) if not isinstance(v, (int, float, np.generic)) else v for v in values]
             block[name] = np.stack(arrays) if values and isinstance(ctype, Tensor) else np.asarray(arrays).reshape(shape)
         except (ValueError, TypeError) as exc:
             raise SchemaError(f"{where}, column {name!r}: the values do not stack into {ctype.describe()} ({exc})") from None

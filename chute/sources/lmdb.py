@@ -37,9 +37,9 @@ from typing import Any
 
 import chute
 from chute.errors import ChuteError, PickleRefusedError, SchemaError
-from chute.format.infer import Column, InferenceError, Summary, extract
+from chute.format.infer import Column, InferenceError, Summary, extract, extract_columns
 from chute.format.schema import Bytes, ColumnType, String
-from chute.sources._blocks import Block, rows_block, write_blocks
+from chute.sources._blocks import Block, columns_block, rows_block, write_blocks
 from chute.sources._dicts import plan_columns
 from chute.sources._files import PICKLE_RISK, load_npy, unpickle
 from chute.sources._hints import from_inference
@@ -155,10 +155,12 @@ _Read = tuple[dict[str, Any] | None, int, str, Summary, bool]
 
 def _decoded(path: str, fmt: str, part: tuple[bytes, int, int]) -> tuple[list[bytes], list[dict[str, Any]], Summary, bool]:
     """The keys of a range, its values decoded (as ``{"data": value}``), their summary, and whether every key is UTF-8."""
-    keys, samples = [], []
+    keys, values = [], []
     for key, value in _records(path, part):
         keys.append(key)
-        samples.append({DATA_COLUMN: decode(value, fmt, key, path)})
+        values.append(value)
+    samples = [{DATA_COLUMN: decode(value, fmt, key, path)} for key, value in zip(keys, values)]
+    del values
     summary = Summary()
     summary.add_many(samples, part[2])
     return keys, samples, summary, all(_is_utf8(k) for k in keys)
@@ -176,12 +178,9 @@ def _block(path: str, keys: list[bytes], samples: list[dict[str, Any]], columns:
            schema: dict[str, ColumnType], keys_as_str: bool, first: bytes) -> dict[str, Any] | None:
     """Decoded values as a block of rows in the plan ``columns``; None if one does not fit it."""
     try:
-        rows = []
-        for key, sample in zip(keys, samples):
-            row = {KEY_COLUMN: _key_text(key, keys_as_str)}
-            row.update(extract(sample, columns))
-            rows.append(row)
-        return rows_block(rows, schema, _where(path, first))
+        values = extract_columns(samples, columns)
+        values[KEY_COLUMN] = [_key_text(key, keys_as_str) for key in keys]
+        return columns_block(values, schema, _where(path, first))
     except (SchemaError, UnicodeDecodeError):
         return None
 
