@@ -8,6 +8,7 @@ what was expected and what was found.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,15 @@ class ColumnBuilder:
 
     def append(self, value: Any, position: int) -> int:
         raise NotImplementedError
+
+    def sizes(self, values: Sequence[Any]) -> list[int] | None:
+        """What :meth:`append` of each of ``values`` would return, if every value is of the kind this builder keeps
+        as it is (then :meth:`extend` takes them at once); None: append them one by one."""
+        return None
+
+    def extend(self, values: Sequence[Any]) -> None:
+        """Append ``values``, for which :meth:`sizes` answered."""
+        raise NotImplementedError(f"{type(self).__name__} appends one value at a time")
 
     def finish(self) -> pa.Array:
         """The column's values as one Arrow array; the builder is empty afterwards."""
@@ -230,6 +240,12 @@ class BytesBuilder(ColumnBuilder):
         self.values.append(bytes(value) if not isinstance(value, bytes) else value)
         return len(value) + 8
 
+    def sizes(self, values: Sequence[Any]) -> list[int] | None:
+        return [len(v) + 8 for v in values] if set(map(type, values)) <= {bytes} else None
+
+    def extend(self, values: Sequence[Any]) -> None:
+        self.values.extend(values)
+
     def finish(self) -> pa.Array:
         values, self.values = self.values, []
         return pa.array(values, type=self.type)
@@ -252,12 +268,21 @@ class StringBuilder(ColumnBuilder):
         self.values.append(text)
         return len(text) + 8
 
+    def sizes(self, values: Sequence[Any]) -> list[int] | None:
+        return [len(v) + 8 for v in values] if set(map(type, values)) <= {str} else None
+
+    def extend(self, values: Sequence[Any]) -> None:
+        self.values.extend(values)
+
     def finish(self) -> pa.Array:
         values, self.values = self.values, []
         return pa.array(values, type=self.type)
 
 
 class JsonBuilder(StringBuilder):
+    def sizes(self, values: Sequence[Any]) -> list[int] | None:
+        return None  # each value is encoded first
+
     def encode(self, value: Any, position: int) -> str:
         return encode_json(value, f"sample {position}, column {self.name!r}")
 

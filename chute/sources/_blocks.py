@@ -73,7 +73,8 @@ def columns_block(columns: Mapping[str, list[Any]], schema: Mapping[str, ColumnT
             continue
         shape = (len(values), *ctype.shape) if isinstance(ctype, Tensor) else (len(values),)
         try:
-            arrays: list[Any] = values if all(type(v) is np.ndarray for v in values) else [
+            types = set(map(type, values))
+            arrays: list[Any] = values if types <= {np.ndarray} or types <= {int, float, bool} else [
                 as_array(v) if not isinstance(v, (int, float, np.generic)) else v for v in values]
             block[name] = np.stack(arrays) if values and isinstance(ctype, Tensor) else np.asarray(arrays).reshape(shape)
         except (ValueError, TypeError) as exc:
@@ -108,9 +109,16 @@ class BlockShards(ShardWriter):
         if missing:
             raise SchemaError(f"{where}: no values for column(s) {missing}")
         fixed = {name: fixed_block(name, ctype, block[name], rows, where) for name, ctype in self.fixed}
+        ends = self._row_ends(block, rows)
         start = 0
         while start < rows:
-            if self.variable:  # the builders count what each value adds, as the per-sample writer does
+            if ends is not None:  # the same cut, from the bytes each row adds, told by the builders at once
+                base = int(ends[start - 1]) if start else 0
+                end = min(rows, start + 1 + int(np.searchsorted(ends[start:] - base, self.shard_size - self.bytes)))
+                for name, builder in self.variable:
+                    builder.extend(block[name][start:end])
+                self.bytes += int(ends[end - 1]) - base
+            elif self.variable:  # the builders count what each value adds, as the per-sample writer does
                 end = start
                 while end < rows and self.bytes < self.shard_size:
                     for name, builder in self.variable:
@@ -128,6 +136,20 @@ class BlockShards(ShardWriter):
             if self.bytes >= self.shard_size:
                 self.flush()
         self.position += rows
+
+    def _row_ends(self, block: Mapping[str, Any], rows: int) -> np.ndarray | None:
+        """The bytes rows ``0..i`` of ``block`` add, for each ``i``, if every variable-size column's builder can tell
+        them without appending (plain str or bytes values); None otherwise (and without such columns)."""
+        if not self.variable or not rows:
+            return None
+        total = np.full(rows, self.fixed_row_bytes, dtype=np.int64)
+        for name, builder in self.variable:
+            values = block[name]
+            sizes = builder.sizes(values) if isinstance(values, list) and len(values) == rows else None
+            if sizes is None:
+                return None
+            total += np.asarray(sizes, dtype=np.int64)
+        return np.cumsum(total)
 
     def flush(self) -> None:
         if self.rows == 0:

@@ -31,6 +31,7 @@ stands. Rows keep key order.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -155,15 +156,21 @@ _Read = tuple[dict[str, Any] | None, int, str, Summary, bool]
 
 def _decoded(path: str, fmt: str, part: tuple[bytes, int, int]) -> tuple[list[bytes], list[dict[str, Any]], Summary, bool]:
     """The keys of a range, its values decoded (as ``{"data": value}``), their summary, and whether every key is UTF-8."""
-    keys, values = [], []
-    for key, value in _records(path, part):
-        keys.append(key)
-        values.append(value)
-    samples = [{DATA_COLUMN: decode(value, fmt, key, path)} for key, value in zip(keys, values)]
-    del values
+    first, count, position = part
+    env = _env(path)
+    try:
+        with env.begin(buffers=False) as txn:
+            cursor = txn.cursor()
+            pairs = list(itertools.islice(cursor.iternext(), count)) if cursor.set_range(first) else []
+    finally:
+        env.close()
+    keys = [key for key, _ in pairs]
+    samples = [{DATA_COLUMN: decode(value, fmt, key, path)} for key, value in pairs]
+    del pairs
     summary = Summary()
-    summary.add_many(samples, part[2])
-    return keys, samples, summary, all(_is_utf8(k) for k in keys)
+    summary.add_many(samples, position)
+    utf8 = b"".join(keys).isascii() or all(_is_utf8(k) for k in keys)  # (ASCII: each key is UTF-8)
+    return keys, samples, summary, utf8
 
 
 def _is_utf8(key: bytes) -> bool:
@@ -179,7 +186,7 @@ def _block(path: str, keys: list[bytes], samples: list[dict[str, Any]], columns:
     """Decoded values as a block of rows in the plan ``columns``; None if one does not fit it."""
     try:
         values = extract_columns(samples, columns)
-        values[KEY_COLUMN] = [_key_text(key, keys_as_str) for key in keys]
+        values[KEY_COLUMN] = list(map(bytes.decode, keys)) if keys_as_str else keys
         return columns_block(values, schema, _where(path, first))
     except (SchemaError, UnicodeDecodeError):
         return None

@@ -53,3 +53,28 @@ def test_write_blocks_takes_every_writer_option_and_no_other(tmp_path):
         write_blocks(_blocks(), tmp_path / "other", progress=Progress(50, "", enabled=False))
     assert not (tmp_path / "other").exists()
     assert chute.open(tmp_path / "ds").schema.names == ["x", "label"]
+
+
+@pytest.mark.parametrize("block_rows", [1, 13, 500])
+@pytest.mark.parametrize("json", [False, True], ids=["str-bytes", "and-json"])  # (JSON: appended one by one)
+def test_blocks_of_str_and_bytes_are_cut_into_the_shards_the_per_sample_writer_makes(tmp_path, block_rows, json):
+    rng = np.random.default_rng(1)
+    rows = [{"name": "n" * int(rng.integers(0, 90)), "raw": bytes(int(rng.integers(0, 300))), "label": i,
+             **({"tags": ["a"] * (i % 3)} if json else {})} for i in range(500)]
+    expected = chute.write(rows, tmp_path / "samples", shard_size="2KB")
+    schema = dict(expected.schema)
+
+    def blocks():
+        for a in range(0, len(rows), block_rows):
+            part = rows[a : a + block_rows]
+            block = {name: [r[name] for r in part] for name in schema}
+            block["label"] = np.asarray(block["label"])
+            yield block, len(part), f"rows {a}"
+
+    ds = write_blocks(blocks(), tmp_path / "blocks", progress=Progress(len(rows), "", enabled=False), schema=schema,
+                      shard_size="2KB")
+    assert [s.rows for s in ds.shards] == [s.rows for s in expected.shards] and len(ds.shards) > 5
+    got = ds.get_batch(np.arange(500), columnar=True)
+    want = expected.get_batch(np.arange(500), columnar=True)
+    assert all(got[name] == want[name] for name in schema if name != "label")
+    assert got["label"].tolist() == list(range(500))
