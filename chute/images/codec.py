@@ -123,7 +123,7 @@ def is_jpeg(data: Any) -> bool:
 
 
 def image_size(data: Any, max_pixels: int | None = None) -> tuple[int, int]:
-    """``(height, width)`` of an encoded image, from its header (about 1 us for a JPEG); with ``max_pixels``,
+    """``(height, width)`` of an encoded image, from its header (nothing is decoded); with ``max_pixels``,
     :class:`ImageTooLargeError` for an image that claims more pixels."""
     if is_jpeg(data):
         h, w, colour, _ = simplejpeg().decode_jpeg_header(data)

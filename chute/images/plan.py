@@ -63,7 +63,7 @@ class Plan:
 
 
 #: The reductions libjpeg-turbo's scaled inverse DCT decodes at faster than a full decode (it offers
-#: other multiples of 1/8 too, but 5/8 to 7/8 measured slower than a full decode).
+#: other multiples of 1/8 too, but 5/8 to 7/8 are slower than a full decode: docs/benchmarks.md).
 DCT_SCALES = (8, 4, 2)
 
 
@@ -113,7 +113,7 @@ class Resize(Op):
     """Scale the image: an int makes the *shorter* side that long (aspect kept), ``(h, w)`` is exact.
 
     Cost: the one resample of the chain (Pillow's bilinear arithmetic with
-    antialiasing, native, GIL released): about 0.5 ms for a 224 px output.
+    antialiasing, native, GIL released; figures: docs/benchmarks.md).
     """
 
     target: int | tuple[int, int]
@@ -154,8 +154,8 @@ def _enlarge(plan: Plan, crop: tuple[int, int]) -> Plan:
 class CenterCrop(Op):
     """The centre ``size`` (int: a square) of the image; an image smaller than that is first enlarged to fit.
 
-    Cost: a copy of the output's pixels when nothing before it resampled
-    (about 40 us for 224 px); else nothing (it narrows the one resample).
+    Cost: a copy of the output's pixels when nothing before it resampled; else
+    nothing (it narrows the one resample).
     """
 
     crop: int | tuple[int, int]
@@ -201,8 +201,8 @@ class RandomResizedCrop(Op):
 
     torchvision's algorithm: up to 10 tries of a uniform area share and a
     log-uniform aspect ratio; when none fits, the central box of the largest
-    ratio within ``ratio``. Cost: 40 random numbers per image (vectorised,
-    about 1 us per image) and the one resample (about 0.5 ms at 224 px).
+    ratio within ``ratio``. Cost: 40 random numbers per image (vectorised)
+    and the one resample.
     """
 
     crop: int | tuple[int, int]

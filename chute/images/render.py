@@ -35,8 +35,8 @@ class Normalize:
     """Output ``(pixel / 255 - mean) / std`` per channel as ``dtype`` (float32 or float16) instead of uint8.
 
     ``mean`` and ``std`` are for pixels scaled to [0, 1], as in torchvision
-    (default: ImageNet's). Cost at 224 px: about 90 us per image for float32;
-    float16 adds a cast of about 10 us.
+    (default: ImageNet's). Cost: one pass over the output's pixels; float16 adds
+    a cast (figures: docs/benchmarks.md, "Design figures").
     """
 
     mean: Sequence[float] = IMAGENET_MEAN
@@ -109,8 +109,8 @@ class Renderer:
 
     def _planes(self, rgb: np.ndarray, x0: int, y0: int, h: int, w: int, flip: bool, dst: np.ndarray) -> None:
         """Write the ``h`` x ``w`` crop at ``(x0, y0)`` of ``rgb`` (``[H, W, 3]``) into ``dst``: laid out as planes
-        by the native kernel (SSSE3: about 11 us at 224 px, where numpy's copy of the transposed view takes
-        60), into ``dst`` itself for uint8 output, else into a per-thread uint8 scratch that normalising reads."""
+        by the native kernel (SSSE3; several times faster than numpy's copy of the transposed view: docs/benchmarks.md),
+        into ``dst`` itself for uint8 output, else into a per-thread uint8 scratch that normalising reads."""
         if not rgb.flags.c_contiguous:
             rgb = np.ascontiguousarray(rgb)
         target = dst
@@ -143,7 +143,7 @@ class Renderer:
 def half_cast(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` from float32 to float16 with torch's vectorised cast, on this thread alone.
 
-    numpy's float16 cast is scalar (about 1.7 ns per element); torch's is
+    numpy's float16 cast is scalar (docs/benchmarks.md, "Design figures"); torch's is
     vectorised but would use its intra-op threads on an image, so it is fed
     pieces below the grain it splits at.
     """

@@ -4,7 +4,7 @@
 (``transform_batch(batch, ctx)``, chute.pipeline.transform): once per batch,
 in the worker, it
 
-1. reads each image's size (the JPEG header, about 1 us; stored pixels: their shape),
+1. reads each image's size (the JPEG header, nothing decoded; stored pixels: their shape),
 2. plans every image's geometry from the ops, vectorised, with the batch's
    random numbers ``ctx.random(k)`` (a function of ``(seed, epoch, row)``),
 3. takes one output block ``[n, 3, h, w]`` from the Loader's pool

@@ -65,7 +65,8 @@ def read_bytes(path: str) -> bytes:
     """The file's bytes, gunzipped if its name ends in ``.gz``."""
     with open(path, "rb") as f:
         raw = f.read()
-    # one read, then decompress in memory: GzipFile's many small reads cost ~100 us per small file
+    # one read, then decompress in memory: GzipFile's many small reads cost more than that on a small file
+    # (docs/benchmarks.md, "Design figures")
     return gzip.decompress(raw) if path.lower().endswith(".gz") else raw
 
 

@@ -128,8 +128,8 @@ class Fetcher:
         self.need = check_limit(cache, uses)
         # Read ahead by the shards held at once plus one download in flight per thread: deeper read-ahead
         # adds no speed, and each shard it brings in early evicts one the cache kept for a later use
-        # (measured: a second epoch at a 25% cache downloaded 0.86x the dataset with the whole limit
-        # as read-ahead; see benchmarks/remote.py).
+        # (a second epoch at a small cache with the whole limit as read-ahead downloaded most of the dataset
+        # again: benchmarks/remote.py, figures in docs/benchmarks.md "Design figures").
         largest = max((sizes[shard] for _, _, shard in uses), default=0)
         self.budget = max(self.need, min(cache.limit if cache.limit is not None else ahead,
                                          self.need + max(1, threads) * largest))

@@ -13,8 +13,9 @@ to the directory's journal (``.chute-cache.journal``) before it lets the lock go
 Each process keeps what the journal says in memory (:class:`Ledger`) and, each
 time it takes the lock, reads only the lines added since it last looked: a
 reservation costs a ``stat`` and a short read, not a listing of every dataset
-directory with a ``stat`` per shard (28 ms with 10,000 cached shards on the
-development VM, all of it under the one lock every process's downloads take).
+directory with a ``stat`` per shard (a cost that grows with the cached shards,
+all of it under the one lock every process's downloads take; its figure is in
+docs/benchmarks.md, "Design figures").
 
 The journal is rewritten from a full :func:`scan` of the directory when a
 process finds it missing, unreadable or much longer than the state it describes,
