@@ -144,3 +144,15 @@ def test_a_value_that_does_not_fit_any_type_is_named_as_before(tmp_path, small_r
         convert(tmp_path / "db", tmp_path / "ds", allow_pickle=True, workers=0, progress=False)
     assert "db key number 50" in str(info.value), str(info.value)
     assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_value_the_writer_refuses_is_named_after_the_one_pass_gives_up(tmp_path, small_ranges, workers):
+    dicts = [{"x": np.arange(3, dtype=np.float32), "label": i} for i in range(80)]
+    write_db(tmp_path / "db", {f"{i:08d}".encode(): pickle.dumps(d) for i, d in enumerate(dicts)})
+    with pytest.raises(chute.SchemaError, match=r"column 'label': expected str, found int"):
+        convert(tmp_path / "db", tmp_path / "ds", allow_pickle=True, workers=workers, progress=False,
+                column_types={"label": chute.String()})
+    assert not (tmp_path / "ds").exists()
+    ds = convert(tmp_path / "db", tmp_path / "ds", allow_pickle=True, workers=workers, progress=False)
+    assert len(ds) == 80  # (the readers are left as they were)
