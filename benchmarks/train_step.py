@@ -12,7 +12,10 @@ over batches already in memory (built before the clock, cycled): nothing to load
 so its rate is the step's own. Each feeder is measured as that rate's fraction:
 
   memory         the same batches, already in memory (the reference: 1.00)
-  chute          chute.Loader(ds, B, shuffle=True): defaults (autotuned threads)
+  chute          chute.Loader(ds, B, shuffle=True): defaults (autotuned threads);
+                 W4: the same per-sample decode function as torch's rows
+  chute-images   W4: chute.images.Decode("jpeg", RandomCrop(224)) as the transform
+                 (chute's batch decoder: only the rows and columns of the crop)
   torch-*        the four torch DataLoaders of benchmarks/_torch.py (W2), or
                  per-sample decoding at num_workers 0 and N (W4); "/ best torch" is
                  against the fastest of them in the same run
@@ -58,7 +61,7 @@ BATCH = {"w2": 256, "w4": 16}
 W4_ROWS = 3_000
 CONFIGS = {
     "w2": ["memory", "chute", *_torch.CONFIGS],
-    "w4": ["memory", "chute", "torch-0", f"torch-{_torch.WORKERS}"],
+    "w4": ["memory", "chute", "chute-images", "torch-0", f"torch-{_torch.WORKERS}"],
 }
 
 
@@ -67,6 +70,8 @@ def label(workload: str, config: str) -> str:
         return "batches already in memory (the step's own rate)"
     if config == "chute":
         return "chute Loader, default (autotuned threads)" + (", decode in the per-sample transform" if workload == "w4" else "")
+    if config == "chute-images":
+        return "chute Loader, default, chute.images.Decode('jpeg', RandomCrop(224)) (a batch transform, partial decodes)"
     if workload == "w4":
         return f"torch DataLoader, per-sample decode, num_workers={config.split('-')[-1]}"
     return _torch.label(config)
@@ -131,6 +136,7 @@ def _w4_feeders(data_dir: str, config: str, batch: int, short_batches: int):
     from _w4 import JpegBlobDataset, decode_sample, jpeg_dataset
 
     import chute
+    import chute.images
 
     root = os.path.join(data_dir, f"w4-{W4_ROWS}")
     os.makedirs(root, exist_ok=True)
@@ -142,8 +148,9 @@ def _w4_feeders(data_dir: str, config: str, batch: int, short_batches: int):
         loader.close()
         cycle = lambda: (batches[i % len(batches)] for i in range(steps))  # noqa: E731
         return cycle, cycle, steps, lambda: None
-    if config == "chute":
-        loader = chute.Loader(ds, batch, shuffle=True, seed=0, transform=decode_sample)
+    if config in ("chute", "chute-images"):
+        transform = decode_sample if config == "chute" else chute.images.Decode("jpeg", chute.images.RandomCrop(224))
+        loader = chute.Loader(ds, batch, shuffle=True, seed=0, transform=transform)
         return lambda: iter(loader), lambda: iter(loader), steps, loader.close
     workers = int(config.split("-")[-1])
     dataset = JpegBlobDataset(blob, offsets)
