@@ -82,11 +82,18 @@ def test_http_epoch_makes_one_get_per_shard_and_downloads_on_chute_threads(http_
     assert names and all(n.startswith("chute-") for n in names), names  # never the loop's thread
 
 
-@pytest.mark.parametrize("ranged", [False, True])
-def test_a_downloaded_shard_is_hashed_once_by_the_download_check_not_again_when_mapped(served, tmp_path, monkeypatch, ranged):
-    """Whole-object GETs are hashed as the bytes arrive, ranged ones once the file is complete; either way
-    the check is remembered for the reader, which does not hash the shard again."""
+@pytest.mark.parametrize("how", ["whole", "ranged", "zstd"])
+def test_a_downloaded_shard_is_hashed_once_by_the_download_check_not_again_when_mapped(http_server, tmp_path, monkeypatch, how):
+    """Whole-object GETs are hashed as the bytes arrive (a compressed shard's as they are decompressed), ranged
+    ones once the file is complete; either way the check is remembered for the reader, which does not hash the
+    shard again."""
     from chute.format import manifest as manifest_module, validate
+
+    if how == "zstd":
+        pytest.importorskip("zstandard")
+    write_dataset(str(http_server.root / how), n=1000, **({"compression": "zstd"} if how == "zstd" else {}))
+    served = http_server.url + how
+    ranged = how == "ranged"
 
     looked = []
     real = validate._read
@@ -95,6 +102,7 @@ def test_a_downloaded_shard_is_hashed_once_by_the_download_check_not_again_when_
     real_checksum_fd = manifest_module.checksum_fd
     monkeypatch.setattr(manifest_module, "checksum_fd", lambda fd, *a: hashed_files.append(fd) or real_checksum_fd(fd, *a))
     ds = chute.open(served, cache_dir=tmp_path / "cache")  # verify=True
+    assert [s.compression for s in ds.manifest.shards] == ["zstd" if how == "zstd" else None] * len(ds.shards)
     if ranged:
         ds.cache.remote.whole_max = ds.cache.remote.part_size = 8192
     rows = epoch_columns(loader(ds))

@@ -67,7 +67,7 @@ from chute.errors import CacheFullError, ChuteError, ShardError
 from chute.format import validate
 from chute.format.manifest import Manifest, ShardInfo
 from chute.observe import inflight
-from chute.storage.net.remote import Cancelled, Remote, verify_fd
+from chute.storage.net.remote import Cancelled, Remote, StreamHash, verify_fd
 from chute.storage.net.stream import TooLong
 from chute.storage.node import steps
 from chute.storage.node.direct import DIRECT_HOLDS, DirectReads
@@ -82,17 +82,20 @@ _SAMPLER = random.Random()
 
 class _Bounded:
     """The decompressed bytes of a shard on their way into its ``.part`` file: no more than the manifest's
-    size of it (a damaged or hostile ``.zst`` that inflates further is a transfer error, retried)."""
+    size of it (a damaged or hostile ``.zst`` that inflates further is a transfer error, retried), hashed
+    as they are written (``digest``: a restart from offset 0 starts the hash again)."""
 
-    def __init__(self, out: Any, limit: int) -> None:
-        self.out, self.limit, self.written = out, limit, 0
+    def __init__(self, out: Any, limit: int, digest: StreamHash) -> None:
+        self.out, self.limit, self.digest, self.written = out, limit, digest, 0
 
     def write(self, data: bytes) -> int:
-        if self.written + len(data) > self.limit:
+        size = len(data)
+        if self.written + size > self.limit:
             raise TooLong(self.limit, f"the shard decompresses to more than the {self.limit:,} bytes the manifest gives it")
         self.out.write(data)
-        self.written += len(data)
-        return len(data)
+        self.digest.feed(self.written, [data])
+        self.written += size
+        return size
 
     def flush(self) -> None:
         self.out.flush()
@@ -499,7 +502,7 @@ class ShardCache:
         except ImportError:
             raise ChuteError(f"{self.remote.url} stores its shards compressed with zstd: pip install 'chute[zstd]'") from None
         with open(part, "r+b") as out:
-            bounded = _Bounded(out, info.bytes)
+            bounded = _Bounded(out, info.bytes, StreamHash(info.checksum.split(":", 1)[0]))
             decompressor = [zstandard.ZstdDecompressor().stream_writer(cast("IO[bytes]", bounded), closefd=False)]
 
             def restart() -> None:
@@ -514,7 +517,7 @@ class ShardCache:
             decompressor[0].flush()
             if bounded.written < info.bytes:  # a short stream: the checksum check will catch it; keep the reservation size
                 out.truncate(info.bytes)
-        return None
+        return bounded.digest.result(info.bytes)
 
     def _reserve(self, i: int, size: int) -> str | None:
         """Create shard ``i``'s ``.part`` file at full size, evicting to stay under the limit; None
