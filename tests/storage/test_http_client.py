@@ -233,6 +233,11 @@ def test_proxies_come_from_the_environment_and_no_proxy_is_honoured(monkeypatch)
     assert proxy_for("http://internal.example/x") is None
     assert proxy_for("http://a.corp.example:8080/x") is None
     assert proxy_for("http://data.example/x", {"https": "http://p:1"}) is None  # explicit proxies: only those
+    monkeypatch.setenv("http_proxy", "http://lower:3128")  # a change between two GETs is seen by the next one
+    assert proxy_for("http://data.example/x") == "http://lower:3128"
+    monkeypatch.delenv("http_proxy")
+    monkeypatch.delenv("ALL_PROXY")
+    assert proxy_for("https://data.example/x") is None
     for host, port, no_proxy, direct in [
         ("a.example", None, "*", True), ("a.example", None, "example", True), ("example", 80, ".example", True),
         ("badexample", None, "example", False), ("10.1.2.3", None, "10.0.0.0/8", True), ("11.1.2.3", None, "10.0.0.0/8", False),

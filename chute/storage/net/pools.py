@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import urllib.parse
 import weakref
@@ -55,15 +56,36 @@ def proxy_for(url: str, proxies: Mapping[str, str] | None = None) -> str | None:
     first, then ``all``; a host ``NO_PROXY`` lists (see :func:`bypassed`) is
     reached directly.
     """
-    import urllib.request
-
     if proxies is None:
-        proxies = urllib.request.getproxies()
+        proxies = environment_proxies()
     parts = urllib.parse.urlsplit(url)
     proxy = proxies.get(parts.scheme) or proxies.get("all")
     if not proxy or bypassed(parts.hostname or "", parts.port, proxies.get("no", "")):
         return None
     return proxy
+
+
+#: What :func:`urllib.request.getproxies` reads that :func:`proxy_for` uses (``REQUEST_METHOD``: a CGI
+#: script ignores ``HTTP_PROXY``), and its answer for their last values.
+_PROXY_ENVIRONMENT = (*PROXY_VARIABLES, *(name.upper() for name in PROXY_VARIABLES), "REQUEST_METHOD")
+_last_proxies: tuple[tuple[str | None, ...], dict[str, str]] | None = None
+
+
+def environment_proxies() -> dict[str, str]:
+    """``urllib.request.getproxies()``, asked again only when a variable :func:`proxy_for` reads has changed
+    (it walks the whole environment: on every GET that was a cost per request). Where it reads the system's
+    settings too (macOS, Windows), it is asked every time."""
+    import urllib.request
+
+    global _last_proxies
+    key = tuple(map(os.environ.get, _PROXY_ENVIRONMENT))
+    last = _last_proxies
+    if last is not None and last[0] == key:
+        return last[1]
+    proxies = urllib.request.getproxies()
+    if sys.platform not in ("darwin", "win32"):
+        _last_proxies = (key, proxies)
+    return proxies
 
 
 def bypassed(host: str, port: int | None, no_proxy: str) -> bool:
@@ -286,4 +308,4 @@ class _Process:
 #: This process's pools: ``pools().manager(url)``.
 pools: Callable[[], Pools] = _Process()
 
-__all__ = ["Pools", "ProxyError", "Watch", "bypassed", "origin", "pools", "proxy_for"]
+__all__ = ["Pools", "ProxyError", "Watch", "bypassed", "environment_proxies", "origin", "pools", "proxy_for"]
