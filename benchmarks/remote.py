@@ -20,6 +20,7 @@ each server and shard size, every run measures, in the same process:
   (into files, hashed), the cold epoch, and the cold epoch again on the same Loader with
   the cache emptied by hand (its batch blocks already allocated), each cold epoch also as a
   ratio to boto3's in the same run;
+* the client's CPU of both cold epochs split by thread: the download threads, the Loader's batch threads, the rest;
 * the same two epochs simulated on the shard-use sequence of ``Order.shard_uses``
   with LRU, chute's next-use eviction (next use within the running epoch) and
   Belady's bound (the whole future known).
@@ -27,7 +28,7 @@ each server and shard size, every run measures, in the same process:
 Medians of ``--runs`` runs, one row per server and shard size, saved with
 benchmarks/_results.py to benchmarks/results/remote.json: tables "speed", "cpu" (CPU seconds
 per GB of the client and of the server process, for the ceiling, chute's downloads alone and the cold
-epoch) and "downloads" (docs/benchmarks.md draws them with benchmarks/tables.py). A rerun of
+epoch), "cpu_split" (the client's, by thread) and "downloads" (docs/benchmarks.md draws them with benchmarks/tables.py). A rerun of
 some servers or shard sizes keeps the earlier run's other rows (the notes say so).
 """
 
@@ -79,6 +80,76 @@ def _server_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: Thread name prefixes of the client's parts: the node cache's downloads (and their byte ranges), the Loader's
+#: batch tasks (the gather out of the cached shards); every other thread is "other".
+THREAD_GROUPS = (("chute-fetch", "download"), ("chute-range", "download"), ("chute-loader", "loader"))
+
+
+def _thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds of each live thread of this process (``schedstat``: nanoseconds, where ``stat`` counts
+    clock ticks): native id -> (its group, seconds)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                seconds = int(f.read().split()[0]) / 1e9
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
+            continue
+        name = names.get(int(tid), "")
+        group = "sampler" if name == "bench-sampler" else next((g for prefix, g in THREAD_GROUPS if name.startswith(prefix)), "other")
+        out[int(tid)] = (group, seconds)
+    return out
+
+
+def with_cpu_split(fn, pid: int, counts: dict | None = None):
+    """:func:`with_cpu`, and the client's CPU seconds split by :data:`THREAD_GROUPS`: live threads are sampled
+    every 50 ms (a thread that ends keeps what it used up to its last sample), "other" is the rest of the
+    process's total. The sampler's own CPU is left out of the total and of the split.
+
+    With ``counts`` (a ShardCache's counters), the download threads' CPU is also split at the first download
+    into a recycled file (to 50 ms): "fill" (downloads into new files while the cache fills) and "full",
+    with the bytes each downloaded (``fill_bytes``, ``full_bytes``)."""
+    import threading
+
+    before = _thread_cpu()
+    seen: dict[int, tuple[str, float]] = {}
+    fill = [0.0, 0]  # download CPU and bytes downloaded at the last sample before any recycled file
+    stop = threading.Event()
+
+    def downloads() -> float:
+        return sum(sec - before.get(tid, (g, 0.0))[1] for tid, (g, sec) in seen.items() if g == "download")
+
+    def sample() -> None:
+        while True:
+            seen.update(_thread_cpu())
+            if counts is not None and not counts["recycled"]:
+                fill[:] = [downloads(), counts["bytes_downloaded"]]
+            if stop.wait(0.05):
+                return
+
+    bytes0 = counts["bytes_downloaded"] if counts is not None else 0
+    sampler = threading.Thread(target=sample, name="bench-sampler", daemon=True)
+    sampler.start()
+    try:
+        out, client, server = with_cpu(fn, pid)
+    finally:
+        stop.set()
+        sampler.join()
+    split = {"download": 0.0, "loader": 0.0, "sampler": 0.0}
+    for tid, (group, seconds) in seen.items():
+        if group in split:
+            split[group] += seconds - before.get(tid, (group, 0.0))[1]
+    client -= split.pop("sampler")
+    split["other"] = client - split["download"] - split["loader"]
+    if counts is not None and counts["recycled"]:
+        split["fill"], split["fill_bytes"] = fill[0], fill[1] - bytes0
+        split["full"], split["full_bytes"] = split["download"] - fill[0], counts["bytes_downloaded"] - fill[1]
+    return out, client, server, split
 
 
 def with_cpu(fn, pid: int):
@@ -215,7 +286,7 @@ def cold_and_second(url: str, size: int, shards: int, cache: str, pid: int) -> d
     else:
         raise SystemExit(f"a cache of {FRACTION:.0%} of {size:,} bytes cannot hold two windows of one shard: use a larger --size-mb")
     requests0 = ds.cache.remote.requests
-    (first, seconds, nbytes), client_cpu, server_cpu = with_cpu(lambda: epoch(loader), pid)
+    (first, seconds, nbytes), client_cpu, server_cpu, split = with_cpu_split(lambda: epoch(loader), pid, ds.cache.counts)
     stats1 = ds.cache.stats()
     requests1 = ds.cache.remote.requests - requests0
     _, seconds2, _ = epoch(loader)
@@ -226,7 +297,7 @@ def cold_and_second(url: str, size: int, shards: int, cache: str, pid: int) -> d
     for name in os.listdir(ds.cache.dir):
         if name.endswith(".arrow"):
             os.unlink(os.path.join(ds.cache.dir, name))
-    (_, seconds3, _), client_cpu3, _ = with_cpu(lambda: epoch(loader), pid)
+    (_, seconds3, _), client_cpu3, _, split3 = with_cpu_split(lambda: epoch(loader), pid)
     loader.close()
     ds.close()
     ds.cache.close()
@@ -234,6 +305,12 @@ def cold_and_second(url: str, size: int, shards: int, cache: str, pid: int) -> d
             "second_MBps": nbytes / seconds2 / 1e6, "window": window,
             "cold_cpu_client": client_cpu / size * 1e9, "cold_cpu_server": server_cpu / size * 1e9,
             "recold_MBps": nbytes / seconds3 / 1e6, "recold_cpu_client": client_cpu3 / size * 1e9,
+            **{f"cold_cpu_{k}": v / size * 1e9 for k, v in split.items() if k in ("download", "loader", "other")},
+            # the download threads' CPU per GB they downloaded, into new files (the cache filling) and into recycled ones
+            **({"cold_cpu_fill": split["fill"] / split["fill_bytes"] * 1e9, "cold_cpu_full": split["full"] / split["full_bytes"] * 1e9}
+               if split.get("fill_bytes") and split.get("full_bytes") else {}),
+            **{f"recold_cpu_{k}": v / size * 1e9 for k, v in split3.items()},
+            "recycled": stats1["recycled"] / shards,
             "requests_per_shard": requests1 / shards,
             "cold_downloaded": stats1["bytes_downloaded"] / size,
             "second_downloaded": (stats2["bytes_downloaded"] - stats1["bytes_downloaded"]) / size}
@@ -370,6 +447,27 @@ def tables(rows: list[dict], kept: list[dict] | None = None) -> dict[str, dict]:
                               "per Loader); 'all cores busy' is the rate at which that work would keep every core of "
                               "the machine busy (cores / CPU per byte): the server shares the cores with the client",
         },
+        "cpu_split": {
+            "title": "server, shards",
+            "columns": [["boto3_cpu_client", "boto3 GETs into memory s/GB", ".2f"],
+                        ["cold_cpu_download", "cold epoch: download threads s/GB", ".2f"],
+                        ["cold_cpu_loader", "loader threads", ".2f"], ["cold_cpu_other", "other", ".2f"],
+                        ["cold_cpu_client", "all", ".2f"],
+                        ["recold_cpu_download", "Loader's later pass, cold cache: download threads s/GB", ".2f"],
+                        ["recold_cpu_loader", "loader threads", ".2f"], ["recold_cpu_other", "other", ".2f"],
+                        ["recold_cpu_client", "all", ".2f"],
+                        ["recycled", "cold epoch: downloads into a recycled file / shards", ".2f"],
+                        ["cold_cpu_fill", "cold epoch, download threads per GB into new files (the cache filling)", ".2f"],
+                        ["cold_cpu_full", "into recycled files (the cache full)", ".2f"]],
+            "rows": [r for r in labelled if "cold_cpu_download" in r],
+            "notes": common + "; the client's CPU seconds per GB delivered, by thread: the node cache's download threads "
+                              "(GET, hash, write into the cache file), the Loader's batch threads (the gather out of the "
+                              "cached shards into the batch blocks) and the rest of the process; the first pass of a new "
+                              "Loader into an empty cache also writes pages of memory this process has not touched before: "
+                              "the cache's files until the cache is full (later downloads overwrite an evicted shard's "
+                              "file) and the Loader's batch blocks; the last two columns split the download threads' CPU "
+                              "at the first download into a recycled file (sampled every 50 ms), per GB each part downloaded",
+        },
         "downloads": {
             "title": "server, shards",
             "columns": [["requests_per_shard", "GETs / shard", ".2f"], ["cold_downloaded", "cold epoch downloaded", ".2f"],
@@ -383,6 +481,8 @@ def tables(rows: list[dict], kept: list[dict] | None = None) -> dict[str, dict]:
     }
     if not out_tables["cpu"]["rows"]:  # rows of a run from before CPU time was measured
         del out_tables["cpu"]
+    if not out_tables["cpu_split"]["rows"]:  # rows of a run from before the split by thread
+        del out_tables["cpu_split"]
     return out_tables
 
 
@@ -433,6 +533,13 @@ def main() -> None:
                       f"cold epoch {row['cold_cpu_client']:.2f} + {row['cold_cpu_server']:.2f} "
                       f"(all {row['cpus']} cores busy at {row['cold_cpu_bound_MBps']:,.0f} MB/s); "
                       f"cold cache, the Loader's later pass {row['recold_cpu_client']:.2f}")
+                print(f"  client CPU s/GB by thread (download / loader / other): cold epoch {row['cold_cpu_download']:.2f} / "
+                      f"{row['cold_cpu_loader']:.2f} / {row['cold_cpu_other']:.2f}, the Loader's later pass "
+                      f"{row['recold_cpu_download']:.2f} / {row['recold_cpu_loader']:.2f} / {row['recold_cpu_other']:.2f}; "
+                      f"{row['recycled']:.2f} of the downloads into a recycled file")
+                if "cold_cpu_fill" in row:
+                    print(f"  cold epoch, download threads' CPU s/GB: into new files (the cache filling) {row['cold_cpu_fill']:.2f}, "
+                          f"into recycled files {row['cold_cpu_full']:.2f}")
                 if "boto3_cpu_client" in row:
                     print(f"  client CPU per GB against boto3's GETs into memory ({row['boto3_cpu_client']:.2f}): cold epoch "
                           f"{row['cold_cpu_vs_boto3']:.2f}x, cold cache with the Loader's blocks allocated {row['recold_cpu_vs_boto3']:.2f}x")
