@@ -159,7 +159,9 @@ async def _http_chunks(fs: Any, path: str, start: int | None, length: int | None
     headers = dict(kw.pop("headers", None) or {})
     headers.update(_range_header(start, length))
     async with session.get(fs.encode_url(path), headers=headers, **kw) as response:
-        fs._raise_not_found_for_status(response, path)
+        if response.status == 404:
+            raise FileNotFoundError(path)
+        response.raise_for_status()  # aiohttp's ClientResponseError carries the status (is it retried: remote.py)
         if start is not None and response.status != 206:
             raise RangeIgnored(path)
         if start is not None:
@@ -169,6 +171,10 @@ async def _http_chunks(fs: Any, path: str, start: int | None, length: int | None
 
 
 async def _s3_chunks(fs: Any, path: str, start: int | None, length: int | None) -> AsyncIterator[bytes]:
+    # s3fs's _call_s3 is not part of fsspec's async API, but it is the one call that applies the file system's
+    # own settings to a GET (the bucket's region, s3_additional_kwargs filtered to GetObject's, requester pays)
+    # and turns botocore's errors into FileNotFoundError/PermissionError; its public open_async() takes no
+    # byte range, version or request arguments.
     bucket, key, version = fs.split_path(path)
     kw = dict(fs.req_kw)
     kw.update(_range_header(start, length))
