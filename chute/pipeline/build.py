@@ -7,7 +7,8 @@ stream (:func:`chute.pipeline.run.stream`): nothing starts before the first
 ``next()``. :func:`start`, called there, makes the rest: the epoch's dataset
 and order (progressive mode: a snapshot of the cache), the table of rows, the
 downloader of a remote dataset, the worker stages and their fused task, the
-channel, the executor (threads, or the Loader's worker processes), a relay
+channel, the Loader's workers bound to it (its threads, kept across passes,
+or its worker processes), a relay
 per stage on a thread of its own (the device copy among them) and the
 loop's side. Nothing here runs per batch.
 """
@@ -64,12 +65,7 @@ def start(loader: Any, run: Pass) -> None:
         run.task = Task(
             run.indices, stages, run.epoch, seed, loader._pool, dataset=run.dataset, on_error=chain.fns.on_error, counters=counters,
         )
-        from chute.pipeline.threads import ThreadExecutor
-
-        run.executor = ThreadExecutor(
-            run.task, run.channel, threads, depth, name=f"chute-loader-r{run.rank}",
-            stage=None if counters is None else counters.stage("workers"),
-        )
+        run.executor = loader._thread_executor().bind(run.task, run.channel, threads, depth)
     if restarting:
         assert run.feed is not None
         run.feed.rebind()

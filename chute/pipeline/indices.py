@@ -20,6 +20,7 @@ exactly ``order.batch(epoch, step, rank, world_size, start)``.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -101,7 +102,9 @@ class Indices(Stage):
     gil = False
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader  # its order, world size, progressive mode, and the pass that holds the position
+        # its order, world size, progressive mode, and the pass that holds the position (weakly: the Loader
+        # holds this, and a Loader in no cycle is freed, and its threads stopped, as soon as it goes out of scope)
+        self.loader = weakref.proxy(loader)
         self.epoch = 0
         self.start = 0  # position in the global order where the next pass starts
         self.epoch_shards: tuple[int, list[int]] | None = None  # progressive: (epoch, its shards) from a loaded state

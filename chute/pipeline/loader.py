@@ -138,6 +138,7 @@ class Loader(Stage):
         self._pass: Any = None  # the last pass started; its state (chute.pipeline.lifecycle) says what it holds
         self._batches: Any = None  # the pass next() pulls from (the Loader as a stage)
         self._processes: Any = None
+        self._threads: Any = None  # the worker threads (chute.pipeline.threads.ThreadExecutor), kept across passes
         self._start_method = "spawn"  # of worker processes ("fork" only in tests: unsafe with threads and torch)
         self.skipped: list[int] = []
         self.hooks = Hooks()  # observers of the passes' events (chute.observe.hooks)
@@ -402,12 +403,10 @@ class Loader(Stage):
             return None
         from chute.observe.watchdog import StallWatch
 
-        return StallWatch(self.watchdog.timeout, self.watchdog.on_stall, self._waits, self.describe_pass)
+        return StallWatch(self.watchdog.timeout, self.watchdog.on_stall, self._waits, _describe_pass)
 
     def describe_pass(self, run: Any) -> Any:
-        from chute.pipeline.probe import describe
-
-        return describe(self, run)
+        return _describe_pass(run)
 
     def _copier(self) -> Any:
         if self._copier_ is None:
@@ -415,6 +414,23 @@ class Loader(Stage):
 
             self._copier_ = DeviceCopier(self.device)
         return self._copier_
+
+    def _thread_executor(self) -> Any:
+        """The worker threads (started on first use, kept across passes until ``close``; the autotuner's count).
+
+        They hold no reference to the Loader: a finalizer stops them when it is
+        garbage-collected, and at interpreter exit.
+        """
+        if self._threads is None:
+            from chute.pipeline.threads import ThreadExecutor
+
+            counters = self.counters
+            self._threads = ThreadExecutor(
+                self.num_threads, self.prefetch, name=f"chute-loader-r{self.rank}",
+                stage=None if counters is None else counters.stage("workers"),
+            )
+            self._threads_finalizer = weakref.finalize(self, self._threads.shutdown, 1.0)
+        return self._threads
 
     def _process_pool(self) -> Any:
         """The worker processes (started on first use, kept across epochs until ``close``)."""
@@ -429,7 +445,7 @@ class Loader(Stage):
         return self._processes
 
     def close(self) -> None:
-        """Stop worker processes, if any (threads stop at the end of each pass), and a progressive filler."""
+        """Stop the worker threads or processes (kept across passes until now) and a progressive filler."""
         batches, self._batches = self._batches, None
         if batches is not None:
             batches.close()
@@ -438,6 +454,12 @@ class Loader(Stage):
             self._pass.close()
         if self._progressive is not None:
             self._progressive.close()
+        if self._threads is not None:
+            self._threads_finalizer.detach()
+            stuck = self._threads.shutdown()
+            self._threads = None
+            if stuck:
+                log.warning("chute: %d loader thread(s) still busy after close: %s", len(stuck), [t.name for t in stuck])
         if self._processes is not None:
             self._processes_finalizer.detach()
             self._processes.close()
@@ -486,3 +508,10 @@ class Loader(Stage):
             f"shuffle={self.order.shuffle}, rank={self.rank}/{self.world_size}, workers={self.workers.kind}, "
             f"threads={self.num_threads}, prefetch={self.prefetch})"
         )
+
+
+def _describe_pass(run: Any) -> Any:
+    """What ``run`` is doing, for the hang watchdog (a function of the pass: the watchdog holds no Loader)."""
+    from chute.pipeline.probe import describe
+
+    return describe(run.loader, run)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -409,6 +410,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None) -> Iterator[Any]:
     finally:
         loader._ended(run, end)  # (its END or FAIL event closes the report's window)
         run.close()
+        run.loader = weakref.proxy(loader)  # the ended pass, still the loader's last, keeps it alive no more
 
 
 def _raised(run: Pass, exc: BaseException) -> Event:

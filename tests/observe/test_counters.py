@@ -215,36 +215,42 @@ def test_executor_grows_and_shrinks_while_results_stay_in_order():
         return i * 10
 
     channel = Channel(16)
-    executor = ThreadExecutor(_Task(slow), channel, 1, 8, name="test-pool")
+    executor = ThreadExecutor(1, 8, name="test-pool")
     try:
-        results = _results(executor, channel, 40)
+        work = executor.bind(_Task(slow), channel)
+        results = _results(work, channel, 40)
         assert [next(results) for _ in range(3)] == [0, 10, 20]
-        executor.resize(4)  # task 3 blocks one thread; the others keep going
-        assert executor.threads == 4
+        work.resize(4)  # task 3 blocks one thread; the others keep going
+        assert work.threads == 4
         assert len([t for t in threading.enumerate() if t.name.startswith("test-pool")]) == 4
         release.set()
         assert next(results) == 30
-        retired = executor._threads[2:]
-        executor.resize(2)
-        assert executor.threads == 2
-        executor.set_depth(2)
+        before = [t for t in threading.enumerate() if t.name.startswith("test-pool")]
+        work.resize(2)
+        assert work.threads == 2
+        work.set_depth(2)
         assert list(results) == [i * 10 for i in range(4, 40)]
-        for thread in retired:
-            thread.join(5)  # a retired thread exits once it has finished its task
+        assert work.close() == []
+        for thread in before:
+            if thread.ident not in executor.idents:
+                thread.join(5)  # a retired thread exits once it has finished its task
         assert len([t for t in threading.enumerate() if t.name.startswith("test-pool")]) == 2
     finally:
-        assert executor.close() == []
+        assert executor.shutdown() == []
+    assert [t for t in threading.enumerate() if t.name.startswith("test-pool")] == []
 
 
 def test_executor_counts_busy_and_idle_time_per_thread():
     counters = Counters()
     stage = counters.stage("workers")
     channel = Channel(4)
-    executor = ThreadExecutor(_Task(lambda i: time.sleep(0.01) or i), channel, 2, 2, name="test-pool", stage=stage)
+    executor = ThreadExecutor(2, 2, name="test-pool", stage=stage)
     try:
-        assert list(_results(executor, channel, 10)) == list(range(10))
+        work = executor.bind(_Task(lambda i: time.sleep(0.01) or i), channel)
+        assert list(_results(work, channel, 10)) == list(range(10))
+        work.close()
     finally:
-        executor.close()
+        executor.shutdown()
     totals = stage.totals()
     assert totals.items == 10
     assert totals.busy_ns >= 10 * 10_000_000  # each task slept 10 ms

@@ -108,6 +108,7 @@ def test_warn_reports_to_stderr_and_the_log_then_the_loop_completes(ds, capsys):
     assert f'line {line}, in blocking_transform' in err and "batch 3: samples [12, 13, 14, 15]" in err
     stalls = [r for r in handler.records if r.startswith("chute: STALL:")]
     assert stalls and "inside the transform on sample 13" in stalls[0]
+    loader.close()  # (its threads are kept across passes until then)
     assert _join_chute_threads() == []
 
 
@@ -126,6 +127,7 @@ def test_the_watchdog_needs_no_thread(ds):
         assert not [t for t in threading.enumerate() if "watchdog" in t.name]
     for _ in loader:
         break  # a pass left early
+    loader.close()  # (its threads are kept across passes until then)
     assert _join_chute_threads() == []
 
 
@@ -148,6 +150,7 @@ def test_reads_in_flight_are_named(ds):
         release.set()
     assert "GET http://127.0.0.1:9/ds/shard-00000.arrow bytes=4096-5119: " in info.value.report
     assert "in thread 'chute-loader-r0-0'" in info.value.report
+    loader.close()  # (the exception's traceback holds it; its threads are kept across passes until then)
     assert _join_chute_threads() == []
 
 
@@ -269,6 +272,7 @@ def test_a_read_that_never_returns_names_the_url(ds, tmp_path):
     named = [r for r in handler.reports if f"GET {url}" in _section(r, "Reads in flight")]
     assert named, handler.reports
     assert "batch 0: samples [0, 1, 2, 3]" in named[0]
+    loader.close()  # (its threads are kept across passes until then)
     assert _join_chute_threads() == []
 
 

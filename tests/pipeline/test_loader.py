@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import subprocess
 import sys
@@ -156,9 +157,8 @@ def _explode_on_17(sample):
 
 
 def test_transform_error_names_sample_and_shard_with_original_traceback(ds):
-    loader = chute.Loader(ds, 10, transform=_explode_on_17)
     received = []
-    with pytest.raises(TransformError) as error:
+    with chute.Loader(ds, 10, transform=_explode_on_17) as loader, pytest.raises(TransformError) as error:
         for batch in loader:
             received.append(batch)
     assert len(received) == 1  # batch 0 arrived, batch 1 (rows 10-19) failed
@@ -182,11 +182,14 @@ def test_on_error_skip_counts_and_reports(ds, caplog):
 
 
 @pytest.mark.parametrize("how", ["break", "del", "exception", "exhaust"])
-def test_no_threads_left_behind(ds, how):
+def test_threads_are_kept_across_passes_and_stop_with_the_loader(ds, how):
+    """However a pass ends, its threads stay the loader's (the next pass reuses them); they stop when the
+    loader goes out of scope (no reference cycle keeps it: no garbage collection needed)."""
     loader = chute.Loader(ds, 10, workers=chute.Workers(count=3, prefetch=6))
     iterator = iter(loader)
     next(iterator)
     assert len(loader_threads()) == 3
+    idents = sorted(loader._threads.idents)
     if how == "break":
         for _ in iterator:
             break
@@ -200,6 +203,28 @@ def test_no_threads_left_behind(ds, how):
         del iterator
     else:
         list(iterator)
+    assert len(loader_threads()) == 3
+    assert [int(i) for b in loader for i in b["id"]] == list(range(N))  # a whole pass, on the same threads
+    assert sorted(loader._threads.idents) == idents
+    del loader
+    assert loader_threads() == []
+
+
+def test_close_stops_the_threads_and_a_later_pass_starts_new_ones(ds):
+    loader = chute.Loader(ds, 10, workers=2)
+    assert len(list(loader)) == N // 10 and len(loader_threads()) == 2
+    loader.close()
+    assert loader_threads() == []
+    assert [int(i) for b in loader for i in b["id"]] == list(range(N))
+    loader.close()
+
+
+def test_a_loader_dropped_mid_pass_stops_its_threads_once_collected(ds):
+    loader = chute.Loader(ds, 10, workers=2)
+    iterator = iter(loader)
+    next(iterator)
+    del loader, iterator
+    gc.collect()
     assert loader_threads() == []
 
 

@@ -174,9 +174,9 @@ def test_an_error_in_a_stage_is_raised_at_its_batch_naming_the_stage(ds):
         return batch
 
     for where in ("workers", "thread", "loop"):
-        loader = chute.Loader(ds, BATCH, stages=[chute.BatchStage(fail_on_3, name="picky", where=where)], workers=1)
         got = []
-        with pytest.raises((KeyError, chute.ChuteError)) as info:
+        with chute.Loader(ds, BATCH, stages=[chute.BatchStage(fail_on_3, name="picky", where=where)], workers=1) as loader, \
+                pytest.raises((KeyError, chute.ChuteError)) as info:
             for batch in loader:
                 got.append(batch["id"].tolist())
         assert got == [], where  # the first batch (ids 0..3) fails, at its step
@@ -253,6 +253,7 @@ def test_the_watchdog_names_a_stuck_stage(ds):
                 list(loader)
         finally:
             release.set()
+            loader.close()  # (the exception's traceback holds it; its threads are kept across passes until then)
         assert "in stage 'stuck'" in str(info.value), where
         for thread in [t for t in threading.enumerate() if t.name.startswith("chute-")]:
             thread.join(10)
