@@ -1,0 +1,174 @@
+"""Short passes over one Loader: its worker threads are kept across passes, and every pass is exact.
+
+A pass binds the Loader's threads to its own task, queue and channel; a pass
+that ends (exhausted, left early, failed, stalled) hands them back. These
+tests hold that the threads are the same ones from pass to pass, that nothing
+of an ended pass reaches the next one (the same batches, in the same order, as
+a fresh Loader's), and that nothing is left once the Loader is closed or gone.
+Events and counts only: no timing.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import chute
+
+N, BATCH = 240, 8
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    samples = ({"x": np.full(4, i, np.int32), "id": i} for i in range(N))
+    return chute.write(samples, tmp_path_factory.mktemp("passes") / "ds", shard_size=1500)  # a few shards
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("chute-loader")]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left():
+    yield
+    assert [t.name for t in loader_threads()] == []
+
+
+def batches(loader) -> list[list[int]]:
+    return [b["id"].tolist() for b in loader]
+
+
+def epoch(ds, epoch: int, **kwargs) -> list[list[int]]:
+    """The batches of ``epoch`` from a fresh Loader (the reference)."""
+    with chute.Loader(ds, BATCH, shuffle=True, seed=3, **kwargs) as fresh:
+        fresh.set_epoch(epoch)
+        return batches(fresh)
+
+
+def test_the_same_threads_serve_every_pass(ds):
+    with chute.Loader(ds, BATCH, shuffle=True, seed=3, workers=chute.Workers(count=3, prefetch=6)) as loader:
+        first = batches(loader)
+        threads = set(loader_threads())
+        idents = {t.ident for t in threads}
+        assert len(threads) == 3 and set(loader._pass.task.threads) <= idents  # the threads that joined the pass
+        for e in range(1, 4):
+            assert batches(loader) == epoch(ds, e, workers=chute.Workers(count=3, prefetch=6))
+            assert set(loader_threads()) == threads  # no thread started, none stopped
+            assert set(loader._pass.task.threads) <= idents  # (a thread not woken before a short pass ended joins none)
+    assert first == epoch(ds, 0)
+
+
+def test_the_autotuned_count_carries_over_to_the_next_pass(ds):
+    with chute.Loader(ds, BATCH) as loader:
+        batches(loader)
+        loader._meter.tuner.policy.threads = 2  # as if the tuner had got there
+        it = iter(loader)
+        next(it)
+        assert loader._pass.executor.threads == 2 and len(loader_threads()) == 2
+        it.close()
+
+
+@pytest.mark.parametrize("left_after", [0, 1, 5, 28])  # (29: the last batch, which ends the epoch)
+def test_passes_left_early_then_a_whole_pass_gives_exactly_the_epoch(ds, left_after):
+    """Left with batches in flight on every thread (deep prefetch, a transform that waits a little):
+    the next pass restarts the epoch and delivers exactly its batches, none of the old pass's."""
+    gate = threading.Event()
+
+    def held(sample):
+        gate.wait(0.001)  # (releases the GIL: the threads overlap)
+        return sample
+
+    kwargs = {"transform": held, "workers": chute.Workers(count=3, prefetch=12)}
+    with chute.Loader(ds, BATCH, shuffle=True, seed=3, **kwargs) as loader:
+        for _ in range(3):  # three passes left early in a row
+            it = iter(loader)
+            for _ in range(left_after + 1):
+                next(it)
+            it.close()
+        assert batches(loader) == epoch(ds, 0)
+        assert batches(loader) == epoch(ds, 1)
+
+
+def test_a_pass_dropped_mid_epoch_then_a_whole_pass(ds):
+    with chute.Loader(ds, BATCH, shuffle=True, seed=3, workers=chute.Workers(count=2, prefetch=8)) as loader:
+        it = iter(loader)
+        next(it)
+        del it  # the iterator dropped without closing it (its pass ends when collected)
+        gc.collect()
+        assert batches(loader) == epoch(ds, 0)
+
+
+def test_a_failed_pass_then_a_good_pass(ds):
+    failing = {"on": True}
+
+    def explode_on_17(sample):
+        if failing["on"] and int(sample["id"]) == 17:
+            raise ValueError("bad pixel")
+        return sample
+
+    with chute.Loader(ds, BATCH, transform=explode_on_17, workers=chute.Workers(count=2, prefetch=8)) as loader:
+        got = []
+        with pytest.raises(chute.ChuteError, match="sample 17"):
+            for b in loader:
+                got.append(b["id"].tolist())
+        assert got == [list(range(i, i + BATCH)) for i in range(0, 16, BATCH)]  # batches 0 and 1; batch 2 failed
+        threads = set(loader_threads())
+        failing["on"] = False
+        assert batches(loader) == [list(range(i, i + BATCH)) for i in range(0, N, BATCH)]  # the epoch again, whole
+        assert set(loader_threads()) == threads
+
+
+def test_a_stalled_pass_leaves_its_stuck_thread_behind_and_the_next_pass_is_exact(ds):
+    """The watchdog breaks a pass whose thread is stuck: that thread is left behind, a fresh one builds the
+    next pass, and the stuck step's result, once it comes, is dropped (its pass's channel is closed)."""
+    release, stuck_once = threading.Event(), threading.Event()
+
+    def stuck_on_13(sample):
+        if int(sample["id"]) == 13 and not stuck_once.is_set():
+            stuck_once.set()
+            release.wait(60)
+        return sample
+
+    watchdog = chute.Watchdog(1.0, on_stall="raise")
+    loader = chute.Loader(ds, BATCH, transform=stuck_on_13, workers=chute.Workers(count=1, prefetch=2), watchdog=watchdog)
+    try:
+        got = []
+        with pytest.raises(chute.StallError):
+            for b in loader:
+                got.append(b["id"].tolist())
+        assert got == [list(range(0, BATCH))]  # batch 1 (samples 8..15) is stuck
+        (left_behind,) = loader_threads()
+        it = iter(loader)
+        first = next(it)["id"].tolist()  # built by a fresh thread while the old one is still stuck
+        fresh = [t for t in loader_threads() if t is not left_behind]
+        assert len(fresh) == 1 and left_behind.is_alive()
+        release.set()  # the old step finishes now, into its ended pass
+        left_behind.join(10)
+        assert not left_behind.is_alive()
+        rest = [b["id"].tolist() for b in it]
+        assert [first, *rest] == [list(range(i, i + BATCH)) for i in range(0, N, BATCH)]
+        assert loader_threads() == fresh
+    finally:
+        release.set()
+        loader.close()
+
+
+def test_close_and_collection_stop_the_threads(ds):
+    loader = chute.Loader(ds, BATCH, workers=2)
+    batches(loader)
+    assert len(loader_threads()) == 2
+    loader.close()
+    assert loader_threads() == []
+    loader = chute.Loader(ds, BATCH, workers=2)
+    batches(loader)
+    it = iter(loader)
+    next(it)  # a pass in progress, held
+    del loader
+    gc.collect()
+    assert len(loader_threads()) == 2  # the held pass keeps its Loader
+    del it
+    gc.collect()
+    assert loader_threads() == []
