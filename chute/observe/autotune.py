@@ -314,10 +314,14 @@ class Policy:
         return max(1, int(self.max_bytes // self.batch_bytes))
 
     def new_pass(self) -> None:
-        """A pass starts (new worker threads): its first window's rate is not used as a baseline.
+        """A pass starts (nothing built ahead yet): its first window neither gives a baseline rate nor starts a trial.
 
         The windows of the pass before still count (the settings are the
-        same): epochs of a fraction of a second give a window or two each.
+        same, and so are the threads: the Loader keeps them across passes):
+        epochs of a fraction of a second give a window or two each. A trial
+        judged stays judged (its ceiling or floor), so a second pass of the
+        same workload runs none of the trials of the first again; a starved
+        first window (see :meth:`_starved`) is the one exception.
         """
         self._first_of_pass = True
 
@@ -335,10 +339,11 @@ class Policy:
             # the memory budget allows fewer batches in flight than threads: the extra ones would idle
             changes.append(self._set_threads(self._thread_limit(), f"only {limit} batch(es) fit in the memory budget"))
         starved = self._starved(window)
+        start_up = self._first_of_pass and not starved
         if changes:
             self._trial = None  # the settings moved under the trial: nothing to judge
         else:  # the first window of a pass counts as a window, but its rate is start-up's (NaN) unless starved
-            rate = math.nan if self._first_of_pass and not starved else window.rate
+            rate = math.nan if start_up else window.rate
             self._steady.append(_Seen(rate, window.wait_fraction, window.cores, window.worker_cores))
         self._first_of_pass = False
         measured = [s for s in self._steady if s.rate == s.rate][-JUDGE:]  # s.rate == s.rate: not NaN
@@ -350,6 +355,10 @@ class Policy:
             changes.extend(self._judge(self._trial, measured, limit))
             if changes or self._trial is not None:
                 return changes
+        if start_up:
+            # A pass's start-up waits for batches nothing built ahead: that says nothing of the settings, and
+            # with the windows of the pass before as a baseline it would start a trial at every pass's start.
+            return changes
         wait, busy = window.wait_fraction, window.utilisation
         if wait >= WAIT:
             self._calm = 0

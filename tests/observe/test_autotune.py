@@ -133,6 +133,41 @@ def test_the_windows_of_the_pass_before_count_at_the_same_settings():
     assert policy.threads == 2 and policy.steps[-1] == Step("threads 1 -> 2", 1000.0, 2000.0, 0.5, 0.5, kept=True)
 
 
+def test_a_second_pass_of_the_same_workload_runs_no_trial_again():
+    """Trials judged in the first pass stay judged: later passes of the same workload (the same rates at the
+    same settings, each starting with a window that waits while nothing is built ahead) change nothing."""
+    rates = {1: 1000.0, 2: 1500.0, 3: 1500.0}  # a second thread helps, a third does not; the loop still waits
+    policy = Policy(1, 16, max_threads=8)
+    changes: list[str] = []
+
+    def one_pass(windows: int) -> None:
+        policy.new_pass()
+        changes.extend(c for c, _ in policy.step(data_bound(300, busy=1.0, wait=0.9)))  # start-up
+        for _ in range(windows):
+            changes.extend(c for c, _ in policy.step(data_bound(rates[policy.threads])))
+
+    one_pass(60)
+    judged = [(s.change, s.kept) for s in policy.steps]
+    assert judged == [("threads 1 -> 2", True), ("threads 2 -> 3", False)] and policy.threads == 2
+    settled = len(changes)
+    for _ in range(5):
+        one_pass(JUDGE + 1)
+    assert len(changes) == settled  # no trial, no change, in five more passes
+    assert [(s.change, s.kept) for s in policy.steps] == judged and policy.threads == 2
+
+
+def test_the_start_up_window_of_a_pass_starts_no_trial():
+    # at two threads the loop does not wait; each pass's first window does (nothing was built ahead)
+    policy = Policy(2, 8, max_threads=8)
+    calm = data_bound(1000, busy=0.6, wait=0.0, min_ready=2)
+    assert feed(policy, calm) == []
+    for _ in range(4):
+        policy.new_pass()
+        assert policy.step(data_bound(600, busy=0.95, wait=0.5, min_ready=0)) == []
+        assert feed(policy, calm) == []
+    assert (policy.threads, policy.depth, len(policy.steps)) == (2, 8, 0)
+
+
 def test_a_starved_first_window_with_a_core_idle_starts_a_thread_trial_at_once():
     # Full-size images at one thread: the loop only waits, the worker is busy, one of two cores idles.
     # Nothing was built ahead for the first window to drain: its rate is the baseline, no second window needed.
