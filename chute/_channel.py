@@ -104,7 +104,10 @@ class Channel:
         if self._free is not None:
             self._free[i].release()
         if item.__class__ is Failure:
-            raise item.exc
+            try:
+                raise item.exc
+            finally:  # the traceback holds this frame: its locals must not hold the exception (a reference cycle)
+                item = None
         return item
 
     def ready(self, step: int) -> bool:

@@ -131,9 +131,9 @@ def test_a_broken_image_names_its_sample_and_shard_or_is_skipped(tmp_path):
         return {"jpg": data[: len(data) // 3] if i == 13 else b"not an image" if i == 21 else data, "label": i}
 
     ds = chute.write((sample(i) for i in range(30)), tmp_path / "broken")
-    loader = chute.Loader(ds, 10, transform=DecodeCrop("jpg", 32))
-    with pytest.raises(TransformError, match=r"cannot decode the image in column 'jpg' for sample 13 \(shard .*, row 13\)") as caught:
-        list(loader)
+    with chute.Loader(ds, 10, transform=DecodeCrop("jpg", 32)) as failing, \
+            pytest.raises(TransformError, match=r"cannot decode the image in column 'jpg' for sample 13 \(shard .*, row 13\)") as caught:
+        list(failing)
     assert "on_error='skip'" in str(caught.value)
     loader = chute.Loader(ds, 10, transform=DecodeCrop("jpg", 32), on_error="skip")
     batches = list(loader)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -172,3 +173,35 @@ def test_close_and_collection_stop_the_threads(ds):
     del it
     gc.collect()
     assert loader_threads() == []
+
+
+def _explode_on_5(sample):
+    if int(sample["id"]) == 5:
+        raise ValueError("bad pixel")
+    return sample
+
+
+@pytest.mark.parametrize("how", ["whole", "left", "failed"])
+def test_a_loader_out_of_scope_is_freed_without_a_garbage_collection(ds, how):
+    """No reference cycle holds a Loader (its root, its ended passes, a failed step's exception): once out of
+    scope it is freed at once, and its finalizer stops its threads, with the cyclic collector off."""
+
+    def use() -> weakref.ref:
+        loader = chute.Loader(ds, BATCH, workers=2, transform=_explode_on_5 if how == "failed" else None)
+        try:
+            for i, _ in enumerate(loader):
+                if how == "left" and i == 2:
+                    break
+        except chute.ChuteError:
+            pass
+        assert len(loader_threads()) == 2
+        return weakref.ref(loader)
+
+    gc.collect()
+    gc.disable()
+    try:
+        gone = use()
+        assert gone() is None
+        assert loader_threads() == []
+    finally:
+        gc.enable()

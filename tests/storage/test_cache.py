@@ -133,6 +133,7 @@ def test_limit_below_dataset_is_never_exceeded(http_server, served, tmp_path, ba
         assert peak > limit // 2  # the limit was what held the cache back
     assert ds.cache.stats()["evictions"] > 0
     assert cache_bytes(cache_dir) <= limit
+    ld.close()  # (its worker threads are kept across passes until then)
     assert chute_threads() == []
 
 

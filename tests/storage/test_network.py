@@ -283,9 +283,9 @@ def test_a_server_sending_64_mb_for_a_400_kb_shard_never_passes_the_cache_limit(
     assert 380_000 < max(s.bytes for s in ds.shards) <= 450_000 and len(ds.shards) >= 3
     bad = ds.shards[1].file
     http_server.oversend(bad, extra=64 << 20, how=how)
-    with CacheChecker(cache, 900_000) as checker:
+    with CacheChecker(cache, 900_000) as checker, loader(ds, shuffle=False) as ld:
         with pytest.raises(chute.RemoteError) as info:
-            epoch_columns(loader(ds, shuffle=False))
+            epoch_columns(ld)
     checker.assert_held()
     message = str(info.value)
     assert f"{url}/{bad} failed after 2 attempts" in message and "sent more than the" in message

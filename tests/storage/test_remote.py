@@ -72,6 +72,7 @@ def test_s3_epochs_equal_local_epochs(moto_s3, s3_bucket, reference, tmp_path, d
     stats = ds.cache.stats()
     assert stats["shards_downloaded"] == len(ds.shards)  # the second epoch came from the cache
     assert stats["bytes_downloaded"] == ds.nbytes
+    ld.close()  # (its worker threads are kept across passes until then)
     assert chute_threads() == []
 
 
@@ -104,6 +105,7 @@ def test_http_epochs_equal_local_epochs(http_server, served, reference, tmp_path
     assert sorted(gets) == sorted(s.file for s in ds.manifest.shards)
     assert set(gets.values()) == {1}  # each shard once, over both epochs
     assert http_server.count("ds/manifest.json") == 1
+    ld.close()  # (its worker threads are kept across passes until then)
     assert chute_threads() == []
 
 
@@ -180,8 +182,8 @@ def test_shard_corrupted_every_time_is_a_shard_error(http_server, served, tmp_pa
     ds = chute.open(served, cache_dir=tmp_path / "cache")
     bad = ds.manifest.shards[7].file
     http_server.corrupt(bad, times=1000)
-    with pytest.raises(chute.ShardError) as info:
-        epoch_columns(loader(ds))
+    with loader(ds) as ld, pytest.raises(chute.ShardError) as info:
+        epoch_columns(ld)
     message = str(info.value)
     assert f"{served}/{bad}" in message and "twice" in message and "checksum" in message
     assert shard_gets(http_server)[bad] == 2  # fetched once more after the first mismatch, then reported
@@ -199,8 +201,7 @@ def test_shard_corrupted_every_time_is_a_shard_error(http_server, served, tmp_pa
 def test_retry_budget_exhausted_names_url_error_and_attempts(http_server, served, tmp_path, no_fd_leak):
     ds = chute.open(served, cache_dir=tmp_path / "cache", retries=2)
     http_server.stop()  # for good
-    ld = loader(ds)
-    with pytest.raises(chute.RemoteError) as info:
+    with loader(ds) as ld, pytest.raises(chute.RemoteError) as info:
         for _ in ld:
             pass
     message = str(info.value)
@@ -226,8 +227,8 @@ def test_missing_shard_is_not_found_and_not_retried(http_server, served, tmp_pat
     ds = chute.open(served, cache_dir=tmp_path / "cache")  # default retries: 8 attempts for transient errors
     gone = ds.manifest.shards[5].file
     os.unlink(http_server.root / "ds" / gone)
-    with pytest.raises(chute.RemoteError) as info:
-        epoch_columns(loader(ds))
+    with loader(ds) as ld, pytest.raises(chute.RemoteError) as info:
+        epoch_columns(ld)
     message = str(info.value)
     assert f"{served}/{gone}" in message and "not found" in message
     assert shard_gets(http_server)[gone] == 1
@@ -327,6 +328,8 @@ def test_resume_from_a_remote_state_equals_the_local_rest(http_server, served, r
     assert_same_epoch(epoch_columns(head), {name: parts[0] for name, parts in whole.items()})
     assert_same_epoch(rest, {name: parts[1] for name, parts in whole.items()})
     assert resumed.epoch == 1
+    ld.close()  # (its worker threads are kept across passes until then)
+    resumed.close()
     assert chute_threads() == []
 
 

@@ -321,8 +321,8 @@ def test_a_trickling_shard_fails_the_loader_without_the_watchdog(http_server, se
     ds = chute.open(served, cache_dir=tmp_path / "cache", retries=3, min_speed=1000, min_speed_window=2)
     slow = ds.shards[0].file
     http_server.trickle(slow, interval=0.05)
-    with pytest.raises(chute.RemoteError) as info:
-        epoch_columns(loader(ds, watchdog=None))
+    with loader(ds, watchdog=None) as ld, pytest.raises(chute.RemoteError) as info:
+        epoch_columns(ld)
     message = str(info.value)
     assert f"{served}/{slow} failed after 3 attempts" in message and "floor speed" in message
     assert "min_speed=" in message
@@ -352,8 +352,8 @@ def test_no_floor_with_min_speed_zero(http_server, served, tmp_path):
 def test_an_outage_error_names_the_retry_setting(http_server, served, tmp_path):
     ds = chute.open(served, cache_dir=tmp_path / "cache", retries=2)
     http_server.stop()
-    with pytest.raises(chute.RemoteError) as info:
-        epoch_columns(loader(ds))
+    with loader(ds) as ld, pytest.raises(chute.RemoteError) as info:
+        epoch_columns(ld)
     message = str(info.value)
     assert "failed after 2 attempts" in message
     assert "chute.open(..., retries=N) (now 2 attempts" in message

@@ -170,6 +170,7 @@ def test_a_process_killed_holding_its_lease_frees_it_for_a_waiting_one(http_serv
     assert ds.cache.stats()["high_water"] <= limit
     assert part_files(cache_dir) == []
     assert os.listdir(os.path.join(cache_dir, ".chute-members")) == []
+    ld.close()  # (its worker threads are kept across passes until then)
     assert chute_threads() == []
 
 
