@@ -25,9 +25,11 @@ from chute.pipeline.relay import Relay
 from chute.pipeline.run import Feed, Measured, Output, Pass, stream
 from chute.pipeline.task import Task
 
-#: Slots of a pass's channel: the most batches in flight the autotuner may ask for (a pass of fewer steps
-#: makes as many slots as it has steps: a lock each, made at the pass's start).
+#: Slots of a pass's channel: the most batches in flight the autotuner may ask for.
 MAX_DEPTH = 256
+#: A pass of at most this many steps makes a slot per step instead (each slot is a lock made at the pass's
+#: start: two calls per step, not 512, for the short passes of a validation set or a small dataset).
+SHORT_PASS = 64
 #: Free output blocks of each shape kept at the start of a pass, beyond its batches in flight and its threads.
 KEEP_SPARE = 8
 
@@ -54,7 +56,7 @@ def start(loader: Any, run: Pass) -> None:
         _progressive_epoch(loader, run)
     chain, counters = loader.chain, loader.counters
     run.indices = loader.root.table(run)
-    run.channel = Channel(max(1, min(MAX_DEPTH, run.steps)))  # a short pass needs no more slots than steps
+    run.channel = Channel(max(1, run.steps) if run.steps <= SHORT_PASS else MAX_DEPTH)
     # A remote dataset's shards are downloaded ahead and held by this process, also for worker
     # processes: they read under this process's hold (and its share of a node cache).
     run.fetcher = _fetcher(loader, run)
