@@ -38,6 +38,7 @@ submitted); the time between passes is not counted.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 import time
@@ -180,6 +181,7 @@ class ThreadExecutor:
         self.name, self.depth = name, depth
         self._stage = stage
         self._shared = _Shared()
+        self._pid = os.getpid()
         self._numbers = itertools.count()
         self.resize(threads)
 
@@ -196,10 +198,13 @@ class ThreadExecutor:
 
     def bind(self, task: Task, channel: Channel, threads: int | None = None, depth: int | None = None) -> PassWork:
         """The threads work on ``task``'s steps into ``channel`` from now on (the pass before, if any, is ended first)."""
-        if threads is not None:
-            self.resize(threads)
         if depth is not None:
             self.depth = depth
+        if self._pid != os.getpid():  # a forked child: it has none of its parent's threads
+            threads = threads if threads is not None else max(1, self.threads)
+            self._pid, self._shared = os.getpid(), _Shared()
+        if threads is not None:
+            self.resize(threads)
         work = PassWork(self, task, channel, min(self.depth, channel.slots))
         shared = self._shared
         with shared.lock:

@@ -11,6 +11,8 @@ Events and counts only: no timing.
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import threading
 import weakref
 
@@ -205,3 +207,22 @@ def test_a_loader_out_of_scope_is_freed_without_a_garbage_collection(ds, how):
         assert loader_threads() == []
     finally:
         gc.enable()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_threads_of_its_own_for_its_passes(ds):
+    """A fork copies none of the parent's threads: the child's next pass starts its own (it would wait for
+    ever on threads that are not there)."""
+    with chute.Loader(ds, BATCH, workers=2) as loader:
+        assert len(batches(loader)) == N // BATCH
+        pid = os.fork()
+        if pid == 0:  # the child: one whole pass, then out without running the parent's cleanup
+            ok = False
+            signal.alarm(60)  # a child that hangs is killed (and the test fails) instead of hanging the run
+            try:
+                ok = batches(loader) == [list(range(i, i + BATCH)) for i in range(0, N, BATCH)]
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert len(batches(loader)) == N // BATCH  # the parent's threads go on
