@@ -21,6 +21,7 @@ import pytest
 import chute
 from tests.servers import REPO_ROOT
 from tests.storage._helpers import (
+    BATCH,
     assert_same_epoch,
     cache_bytes,
     chute_threads,
@@ -161,6 +162,35 @@ def test_an_evicted_shard_s_file_is_recycled_for_the_next_download(http_server, 
     stats = ds.cache.stats()
     assert 0 < stats["recycled"] <= stats["evictions"] and len(reused) == stats["recycled"]
     assert stats["checksum_failures"] == 0 and cache_bytes(cache_dir) <= limit and part_files(cache_dir) == []
+
+
+def test_a_recycled_file_is_never_a_part_larger_than_its_reservation(http_server, tmp_path, monkeypatch):
+    """An evicted shard larger than the download that takes its file is cut to the new reservation before
+    it is named a ``.part``: a process killed between the rename and the resize leaves no ``.part`` larger
+    than its name reserves (the stress test's checker saw one, 0.1 ms wide, before this)."""
+    ds_path = str(http_server.root / "ds")
+    write_dataset(ds_path, n=BATCH * 7 + 3)  # the last shard is much smaller than the others
+    local = chute.open(ds_path)
+    sizes = {s.file: s.bytes for s in local.manifest.shards}
+    assert min(sizes.values()) < max(sizes.values()) // 2
+    named: list[tuple[int, int, int]] = []  # (size of the evicted file when named .part, its reservation, its shard's size)
+    rename = os.rename
+
+    def watched(src, dst, *args, **kwargs):
+        if str(dst).endswith(".part"):
+            evicted = os.path.basename(str(src))
+            named.append((os.path.getsize(src), int(str(dst)[: -len(".part")].rsplit(".", 2)[1]), sizes[evicted]))
+        return rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", watched)
+    want = local_epochs(ds_path, 1, shuffle=False)
+    limit = max(sizes.values()) * 2
+    ds = chute.open(http_server.url + "ds", cache_dir=str(tmp_path / "cache"), cache_limit=limit)
+    assert_same_epoch(epoch_columns(loader(ds, shuffle=False)), want[0])
+    assert ds.cache.stats()["recycled"] == len(named) > 0
+    assert all(now <= reserved for now, reserved, _ in named), named
+    assert any(was > reserved for _, reserved, was in named), named  # a larger shard was recycled for a smaller one
+    assert ds.cache.stats()["checksum_failures"] == 0 and part_files(str(tmp_path / "cache")) == []
 
 
 def test_limit_smaller_than_one_shard_fails_at_open(http_server, served, tmp_path):

@@ -597,7 +597,13 @@ class ShardCache:
         def evict(path: str) -> None:
             if not recycled[0]:
                 try:
-                    os.rename(path, part)  # nobody holds it (its read lock is ours, exclusive): nobody reads it
+                    # nobody holds it (its read lock is ours, exclusive): nobody reads it. Cut to the reservation
+                    # before it is named a .part, so that no .part is ever larger than its name reserves, even
+                    # one left by a process killed here (a cut shard under its own name is never taken as
+                    # complete: its size is checked, and the journal counts it at its old size until a scan)
+                    if os.path.getsize(path) > size:
+                        os.truncate(path, size)
+                    os.rename(path, part)
                     recycled[0] = True
                     self.counts["recycled"] += 1
                     return
