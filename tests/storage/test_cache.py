@@ -22,6 +22,7 @@ import chute
 from tests.servers import REPO_ROOT
 from tests.storage._helpers import (
     BATCH,
+    ROWS,
     assert_same_epoch,
     cache_bytes,
     chute_threads,
@@ -191,6 +192,55 @@ def test_a_recycled_file_is_never_a_part_larger_than_its_reservation(http_server
     assert all(now <= reserved for now, reserved, _ in named), named
     assert any(was > reserved for _, reserved, was in named), named  # a larger shard was recycled for a smaller one
     assert ds.cache.stats()["checksum_failures"] == 0 and part_files(str(tmp_path / "cache")) == []
+
+
+def _journal(cache_dir: str) -> dict[str, int]:
+    """What the cache's journal counts now: file key -> bytes."""
+    counted: dict[str, int] = {}
+    with open(os.path.join(cache_dir, ".chute-cache.journal"), encoding="utf-8") as f:
+        for line in f:
+            op, key, *size = line.split()
+            if op == "+":
+                counted[key] = int(size[0])
+            else:
+                counted.pop(key, None)
+    return counted
+
+
+def test_the_journal_counts_every_part_from_before_it_exists(http_server, served, tmp_path, monkeypatch):
+    """At every instant a ``.part`` exists (created, or an evicted shard's file renamed to it), the journal
+    already counts it at its reservation: a process killed at any point of a reservation leaves the journal
+    counting too much (until a scan), never too little, so the next process cannot pass the limit."""
+    cache_dir = str(tmp_path / "cache")
+    appeared: list[tuple[str, int | None, int]] = []  # (.part, what the journal counts for it, its reservation)
+    real_open, real_rename = os.open, os.rename
+
+    def check(path) -> None:
+        path = str(path)
+        if path.endswith(".part"):
+            key = os.path.basename(os.path.dirname(path)) + "/" + os.path.basename(path)
+            appeared.append((key, _journal(cache_dir).get(key), int(path[: -len(".part")].rsplit(".", 2)[1])))
+
+    def watched_open(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & os.O_CREAT:
+            check(path)
+        return fd
+
+    def watched_rename(src, dst, *args, **kwargs):
+        real_rename(src, dst, *args, **kwargs)
+        check(dst)
+
+    monkeypatch.setattr(os, "open", watched_open)
+    monkeypatch.setattr(os, "rename", watched_rename)
+    limit = chute.open(str(http_server.root / "ds")).nbytes // 4
+    ds = chute.open(served, cache_dir=cache_dir, cache_limit=limit)
+    n = sum(1 for _ in loader(ds, shuffle=False))
+    assert n == ROWS // BATCH
+    stats = ds.cache.stats()
+    assert len(appeared) == stats["shards_downloaded"] == len(ds.shards) and stats["recycled"] > 0
+    assert all(counted == reserved for _, counted, reserved in appeared), [a for a in appeared if a[1] != a[2]]
+    assert stats["bytes_cached"] <= limit and part_files(cache_dir) == []
 
 
 def test_limit_smaller_than_one_shard_fails_at_open(http_server, served, tmp_path):

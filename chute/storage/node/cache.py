@@ -521,22 +521,31 @@ class ShardCache:
 
     def _reserve(self, i: int, size: int) -> str | None:
         """Create shard ``i``'s ``.part`` file at full size, evicting to stay under the limit; None
-        if there is no room (only holds outside any lease can cause that, see chute/storage/node/share.py)."""
+        if there is no room (only holds outside any lease can cause that, see chute/storage/node/share.py).
+
+        The journal counts the ``.part`` before it exists (a recycled file: before it is renamed), so a
+        process killed at any point here leaves the journal counting too much, never too little."""
         if self.remote.cancelled():  # closed, or this thread's loader was closed: evict nothing for it
             raise Cancelled(f"{self.remote.url}: download of shard {self.manifest.shards[i].file} cancelled (closed)")
         part = os.path.join(self.dir, f"{self._file(i)}.{size}.{secrets.token_hex(4)}{PART_SUFFIX}")
+        name = os.path.basename(part)
         with cache_lock(self.cache_dir):
-            used, recycled = self._make_room(i, size, part)
-            if used is None:
+            books = ledger(self.cache_dir)
+            room, recycled = self._make_room(i, size, part)
+            if not room:
                 if recycled:
                     unlink(part)
+                    books.remove(self.dir, name)
                 return None
+            if not recycled:
+                books.add(self.dir, name, size)
             try:
                 # a recycled file keeps its blocks and its pages in the page cache: the download overwrites
                 # them instead of the kernel freeing the evicted shard's and allocating the new one's
                 fd = os.open(part, os.O_RDWR | (0 if recycled else os.O_CREAT | os.O_EXCL), 0o644)
             except OSError as exc:
                 unlink(part)
+                books.remove(self.dir, name)
                 raise ChuteError(f"cannot reserve {size:,} bytes in the cache {self.cache_dir}: {exc}") from None
             try:
                 if recycled:
@@ -546,11 +555,11 @@ class ShardCache:
             except OSError as exc:
                 os.close(fd)
                 unlink(part)
+                books.remove(self.dir, name)
                 raise ChuteError(f"cannot reserve {size:,} bytes in the cache {self.cache_dir}: {exc}") from None
             os.close(fd)
             DOWNLOADS.add(part)
-            ledger(self.cache_dir).add(self.dir, os.path.basename(part), size)
-            self.counts["high_water"] = max(self.counts["high_water"], used + size)
+            self.counts["high_water"] = max(self.counts["high_water"], books.used)
             if steps.HOOK is not None:
                 steps.HOOK("reserved", path=part, size=size)
         return part
@@ -573,16 +582,16 @@ class ShardCache:
                 if steps.HOOK is not None:
                     steps.HOOK("woken", rung=rung, seconds=time.monotonic() - began)
 
-    def _make_room(self, i: int, size: int, part: str) -> tuple[int | None, bool]:
-        """Evict until ``size`` more bytes fit under the limit (holding the cache lock): ``(bytes then in
-        use, or None if they do not fit; whether the first shard evicted was renamed to ``part`` for the
-        download to overwrite, instead of removed)``. What the cache holds comes from its journal
-        (chute/storage/node/ledger.py); when evicting every shard nobody holds is not enough, a scan of
-        the directory (which removes dead downloads' leftovers) decides."""
+    def _make_room(self, i: int, size: int, part: str) -> tuple[bool, bool]:
+        """Evict until ``size`` more bytes fit under the limit (holding the cache lock): ``(whether they
+        fit, whether the first shard evicted was renamed to ``part`` for the download to overwrite, instead
+        of removed)``; a recycled ``part`` is already in the journal at ``size``. What the cache holds comes
+        from its journal (chute/storage/node/ledger.py); when evicting every shard nobody holds is not
+        enough, a scan of the directory (which removes dead downloads' leftovers) decides."""
         books = ledger(self.cache_dir)
         books.sync()
         if self.limit is None or books.used + size <= self.limit:
-            return books.used, False
+            return True, False
         mine = {self._file(j) for j in list(self._refs)} | {self._file(j) for j in list(self._loading) if j != i}
         if self.sharing is None:
             held = sum(self.manifest.shards[j].bytes for j in list(self._refs))
@@ -593,40 +602,47 @@ class ShardCache:
                     f"raise cache_limit to at least {held + size:,} bytes"
                 )
         recycled = [False]
+        name = os.path.basename(part)
 
         def evict(path: str) -> None:
             if not recycled[0]:
                 try:
                     # nobody holds it (its read lock is ours, exclusive): nobody reads it. Cut to the reservation
-                    # before it is named a .part, so that no .part is ever larger than its name reserves, even
-                    # one left by a process killed here (a cut shard under its own name is never taken as
-                    # complete: its size is checked, and the journal counts it at its old size until a scan)
+                    # and counted as the .part before it is named one: no .part is ever larger than its name
+                    # reserves or missing from the journal, even one left by a process killed here (a cut shard
+                    # under its own name is never taken as complete, its size is checked; the journal counts
+                    # it at its old size until it is removed from it below, or a scan)
                     if os.path.getsize(path) > size:
                         os.truncate(path, size)
+                    books.add(self.dir, name, size)
                     os.rename(path, part)
                     recycled[0] = True
                     self.counts["recycled"] += 1
                     return
                 except OSError:
-                    pass
+                    books.remove(self.dir, name)
             unlink(path)
 
+        def fits() -> bool:
+            return books.used + (0 if recycled[0] else size) <= self.limit  # type: ignore[operator]
+
         for attempt in (1, 2):
-            for directory, name, _ in self._by_eviction_order(books.shards(), mine):
-                path = os.path.join(directory, name)
-                if try_exclusive(directory, name, lambda p=path: evict(p)):  # type: ignore[misc]
-                    books.remove(directory, name)
+            for directory, shard, _ in self._by_eviction_order(books.shards(), mine):
+                path = os.path.join(directory, shard)
+                if try_exclusive(directory, shard, lambda p=path: evict(p)):  # type: ignore[misc]
+                    books.remove(directory, shard)
                     self.counts["evictions"] += 1
-                    if books.used + size <= self.limit:
-                        return books.used, recycled[0]
+                    if fits():
+                        return True, recycled[0]
             if attempt == 1:
                 if recycled[0]:  # the scan would count it as a download of its own: removed, as evicted
                     unlink(part)
+                    books.remove(self.dir, name)
                     recycled[0] = False
                 books.rescan()
-                if books.used + size <= self.limit:
-                    return books.used, False
-        return None, recycled[0]
+                if fits():
+                    return True, False
+        return False, recycled[0]
 
     def _by_eviction_order(self, shards: list[tuple[str, str, int]], mine: set[str]) -> Iterator[tuple[str, str, int]]:
         """The cached ``shards`` but this dataset's files in ``mine``, in the order to evict them, the best first.

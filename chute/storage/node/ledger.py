@@ -5,7 +5,9 @@ The files that count against a cache's byte limit are the complete shards
 counted at the size they reserve). Every change to them (a ``.part`` created,
 renamed into place or removed; a shard evicted; a dead download's leftover
 removed) is made under the cache lock, and the process making it appends a line
-to the directory's journal (``.chute-cache.journal``) before it lets the lock go::
+to the directory's journal (``.chute-cache.journal``) before it lets the lock go
+(a ``.part`` is counted before it is created or renamed into being, so a process
+killed in the middle of a reservation leaves it counted)::
 
     + <key>/<file> <bytes>      the file counts <bytes> from now on
     - <key>/<file>              it no longer counts
