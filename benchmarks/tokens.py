@@ -34,6 +34,15 @@ inflate); with the checksum check of ``chute.open`` on (the default: each shard
 hashed once per machine; the machine's checksum markers of the corpus are removed
 before each such run, so it is a first open) and off (``verify=False``).
 
+**Short passes** (``--part passes``): the throughput corpus sized so that one
+``pack="concat"`` pass takes about a second (``--tokens``; default 200M tokens,
+400 MB), as a validation pass does. The limit and one shuffled default Loader
+(created once, a warm-up pass before the clock) run pass after pass in this
+process, each chute pass from a fresh ``iter(loader)``, over ``--repeats``
+rounds: tokens/s, the first batch of each chute pass, and the CPU time per
+batch (the limit's thread, chute's whole process); ratios are the median of
+each round's ratio to the limit in the same round.
+
 Each part saves its table through ``benchmarks/_results.py`` (``tokens.json``;
 ``--label`` names the start-up table ``startup-<label>``, e.g. to keep a run of
 another checkout's code beside this one's), drawn into docs/benchmarks.md by
@@ -41,6 +50,7 @@ another checkout's code beside this one's), drawn into docs/benchmarks.md by
 
     python benchmarks/tokens.py --part throughput --repeats 5
     python benchmarks/tokens.py --part startup --documents 100000000 --processes 8
+    python benchmarks/tokens.py --part passes --repeats 7
 """
 
 from __future__ import annotations
@@ -151,6 +161,76 @@ def kernel_rate(view, seed: int, batches: int) -> tuple[float, float]:
     for b in range(batches):
         view.read(order[b * BATCH : (b + 1) * BATCH], outs)
     return batches * BATCH * SEQ_LEN / (time.perf_counter() - start), (cpu() - cpu0) / batches * 1e6
+
+
+def limit_pass(stream: np.ndarray, order: np.ndarray, inputs: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """(seconds, thread CPU seconds) of one limit pass: the windows of ``order`` sliced into ``inputs``/``labels``."""
+    start, cpu0 = time.perf_counter(), time.thread_time()
+    for b in range(len(order) // BATCH):
+        for j, w in enumerate(order[b * BATCH : (b + 1) * BATCH].tolist()):
+            s = w * SEQ_LEN
+            inputs[j] = stream[s : s + SEQ_LEN]
+            labels[j] = stream[s + 1 : s + SEQ_LEN + 1]
+    return time.perf_counter() - start, time.thread_time() - cpu0
+
+
+def short_passes(args: argparse.Namespace) -> None:
+    """``--part passes``: the limit and a concat Loader pass after pass in this process (see the docstring)."""
+    ds, raw = corpus(args.data_dir, args.tokens)
+    view = chute.tokens.sequences(ds, SEQ_LEN)
+    stream = np.load(raw, mmap_mode="r")
+    batches = len(view) // BATCH
+    inputs = np.empty((BATCH, SEQ_LEN), np.int64)
+    labels = np.empty((BATCH, SEQ_LEN), np.int64)
+    loader = chute.Loader(view, BATCH, shuffle=True, seed=0)
+    for _ in loader:  # warm-up: threads start, shards map, the autotuner settles
+        pass
+    limit_pass(stream, np.random.default_rng(0).permutation(len(view)), inputs, labels)  # its pages mapped
+    rounds: list[dict] = []
+    for r in range(args.repeats):
+        load = os.getloadavg()[0]
+        order = np.random.default_rng(r).permutation(len(view))
+        limit_s, limit_cpu = limit_pass(stream, order, inputs, labels)
+        cpu0, start, first, count = cpu(), time.perf_counter(), None, 0
+        for batch in loader:
+            count += len(batch["input_ids"])
+            if first is None:
+                first = time.perf_counter() - start
+        chute_s, chute_cpu = time.perf_counter() - start, cpu() - cpu0
+        assert first is not None and count == len(view)
+        x = {"limit": batches * BATCH * SEQ_LEN / limit_s, "chute": count * SEQ_LEN / chute_s,
+             "limit_cpu_us": limit_cpu / batches * 1e6, "chute_cpu_us": chute_cpu / count * BATCH * 1e6,
+             "first_ms": first * 1e3, "pass_s": chute_s, "load": load}
+        rounds.append(x)
+        print(f"round {r + 1}/{args.repeats} (load {load:.1f}): limit {x['limit'] / 1e6:.0f} M tok/s ({limit_s:.2f} s), "
+              f"chute {x['chute'] / 1e6:.0f} M tok/s ({chute_s:.2f} s): {x['chute'] / x['limit']:.3f}x; CPU us per batch "
+              f"limit {x['limit_cpu_us']:.0f}, chute {x['chute_cpu_us']:.0f}; first batch {x['first_ms']:.1f} ms", flush=True)
+    settings = loader.report().settings
+    loader.close()
+    med = lambda key: statistics.median(x[key] for x in rounds)  # noqa: E731
+    ratio = statistics.median(x["chute"] / x["limit"] for x in rounds)
+    cpu_ratio = statistics.median(x["limit_cpu_us"] / x["chute_cpu_us"] for x in rounds)
+    print(f"median of {args.repeats}: chute / limit {ratio:.3f} (tokens/s), {cpu_ratio:.3f} (CPU per batch)")
+    table = {
+        "title": f'`pack="concat"` passes of {batches:,} batches (about 1 s), seq_len {SEQ_LEN}, batch {BATCH}',
+        "columns": [["mtok_s", "M tokens/s", ".0f"], ["ratio", "/ limit", ".2f"], ["cpu_us", "CPU us per batch", ".0f"],
+                    ["cpu_ratio", "/ limit, CPU per batch", ".2f"], ["first_ms", "1st batch ms", ".1f"]],
+        "rows": [
+            {"label": "numpy limit (memmapped stream sliced into int64 batches, one thread)", "mtok_s": med("limit") / 1e6,
+             "ratio": 1.0, "cpu_us": med("limit_cpu_us"), "cpu_ratio": 1.0, "runs": [x["limit"] for x in rounds]},
+            {"label": "`chute.Loader(sequences(ds, 2048), 8, shuffle=True)` default, each pass a fresh `iter()`",
+             "mtok_s": med("chute") / 1e6, "ratio": ratio, "cpu_us": med("chute_cpu_us"), "cpu_ratio": cpu_ratio,
+             "first_ms": med("first_ms"), "runs": [x["chute"] for x in rounds],
+             "ratio_runs": [x["chute"] / x["limit"] for x in rounds],
+             "settings": f"threads {settings['num_threads']}, prefetch {settings['prefetch']}"},
+        ],
+        "notes": (f"{args.repeats} rounds in one process, each a pass of the limit then one of chute over the same "
+                  f"{len(view):,} windows (shuffled); medians of the rounds, / limit the median of each round's ratio; "
+                  f"CPU: the limit's thread, chute's whole process (all its threads); the Loader made once, a warm-up "
+                  f"pass before the first round; load average (1 min) {med('load'):.1f} (median at the rounds' starts); "
+                  f"{code()}"),
+    }
+    save("tokens", {"passes": table})
 
 
 def code() -> str:
@@ -327,16 +407,19 @@ def startup(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["throughput", "startup"], required=True)
+    parser.add_argument("--part", choices=["throughput", "startup", "passes"], required=True)
     parser.add_argument("--data-dir", default="bench-data")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=100_000_000, help="throughput corpus size in tokens")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="throughput corpus size in tokens (default 100M; 200M for --part passes)")
     parser.add_argument("--documents", type=int, default=100_000_000, help="start-up corpus size in documents")
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--label", default="", help="save the start-up table as startup-LABEL (default: startup)")
     args = parser.parse_args()
     os.makedirs(args.data_dir, exist_ok=True)
-    throughput(args) if args.part == "throughput" else startup(args)
+    if args.tokens is None:
+        args.tokens = 200_000_000 if args.part == "passes" else 100_000_000
+    {"throughput": throughput, "startup": startup, "passes": short_passes}[args.part](args)
 
 
 if __name__ == "__main__":
