@@ -10,9 +10,9 @@ at once, and a program pays for what it touches.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from chute._lazy import exports
 from chute._version import __version__
 
 # Public name -> the module that defines it ("module:attribute" when the name differs there).
@@ -98,17 +98,4 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names above (tests/test_
     from chute.storage.write import Writer as Writer, write as write
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module behind a public name the first time the name is used."""
-    target = _EXPORTS.get(name)
-    if target is None:
-        raise AttributeError(f"module 'chute' has no attribute {name!r}")
-    module, _, attribute = target.partition(":")
-    imported = importlib.import_module(module)
-    value = imported if module == f"{__name__}.{name}" else getattr(imported, attribute or name)
-    globals()[name] = value  # later lookups do not come back here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = exports(__name__, _EXPORTS, globals())

@@ -104,3 +104,16 @@ def test_a_local_loader_imports_nothing_of_the_remote_stack(tmp_path):
     )
     assert sorted(out["rows"]) == sorted(set(out["rows"])) and len(out["rows"]) == 8
     assert out["remote"] == [] and out["by_chute"] == [] and out["third"] == []
+
+
+def test_chute_format_names_are_lazy_through_the_same_helper():
+    """``chute.format`` resolves its names as ``chute`` does (chute/_lazy.py): a reader never imports the writer."""
+    out = _python(
+        "import json, sys, chute.format as f\n"
+        "before = 'chute.format.writer' in sys.modules\n"
+        "listed = sorted(set(f.__all__) - set(dir(f)))\n"
+        "schema = f.Schema.__module__\n"
+        "try:\n    f.Wirter\nexcept AttributeError as exc:\n    error = str(exc)\n"
+        "print(json.dumps([before, listed, schema, 'chute.format.writer' in sys.modules, f.Writer.__module__, error]))"
+    )
+    assert out == [False, [], "chute.format.schema", False, "chute.format.writer", "module 'chute.format' has no attribute 'Wirter'"]

@@ -6,8 +6,9 @@ The names below are resolved on first use (PEP 562): a process that only reads
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from chute._lazy import exports
 
 _EXPORTS = {
     "FORMAT_VERSION": "chute.format.manifest",
@@ -44,15 +45,4 @@ if TYPE_CHECKING:
     from chute.format.writer import DEFAULT_SHARD_SIZE as DEFAULT_SHARD_SIZE, Writer as Writer
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module behind a name the first time the name is used."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'chute.format' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = exports(__name__, _EXPORTS, globals())
