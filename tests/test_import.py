@@ -70,11 +70,17 @@ def test_help_and_version_do_not_import_torch():
 # What only a remote dataset needs: the network clients and chute's modules that drive them.
 REMOTE_STACK = ("asyncio", "ssl", "http.client", "urllib3", "fsspec", "botocore", "boto3", "aiohttp")
 REMOTE_CHUTE = ("chute.storage.net", "chute.storage.node.cache", "chute.storage.node.fetcher", "chute.storage.node.share")
+# chute's modules a local Loader's first batch does without (made lazy): the report builder and the loop wrapper
+# (loaded by ``loader.report()`` and ``chute.observe(...)``), the dataset writer and its schema inference.
+NOT_ON_THE_PATH = ("chute.observe.report", "chute.observe.consumer", "chute.format.writer", "chute.format.infer",
+                   "chute.storage.write")
 
 
 def test_a_local_loader_imports_nothing_of_the_remote_stack(tmp_path):
     """A local dataset's first batch imports none of it: chute's remote modules stay out, and of the network
-    stack only what torch itself imports is there (each module is recorded with the module that imported it)."""
+    stack only what torch itself imports is there (each module is recorded with the module that imported it).
+    Nor does it import chute's modules that are not on its path (NOT_ON_THE_PATH); ``loader.report()`` then
+    loads the report builder."""
     import numpy as np
 
     import chute
@@ -96,14 +102,18 @@ def test_a_local_loader_imports_nothing_of_the_remote_stack(tmp_path):
         "import chute\n"
         f"loader = chute.Loader(chute.open({str(tmp_path / 'ds')!r}), 8, shuffle=True, seed=0)\n"
         "batch = next(iter(loader))\n"
+        f"lazy = sorted(m for m in {NOT_ON_THE_PATH!r} if m in sys.modules)\n"
+        "report = loader.report().source\n"
         "loader.close()\n"
         f"remote = sorted(m for m in sys.modules if m.startswith({REMOTE_CHUTE!r}))\n"
         "by_chute = sorted(n for n, who in importers.items() if who.split('.')[0] == 'chute')\n"
-        "print(json.dumps({'rows': batch['label'].tolist(), 'remote': remote, 'by_chute': by_chute,\n"
+        "print(json.dumps({'rows': batch['label'].tolist(), 'remote': remote, 'by_chute': by_chute, 'lazy': lazy,\n"
+        "                  'report': [report, 'chute.observe.report' in sys.modules],\n"
         "                  'third': sorted(m for m in ('urllib3', 'fsspec', 'botocore', 'boto3', 'aiohttp') if m in sys.modules)}))"
     )
     assert sorted(out["rows"]) == sorted(set(out["rows"])) and len(out["rows"]) == 8
     assert out["remote"] == [] and out["by_chute"] == [] and out["third"] == []
+    assert out["lazy"] == [] and out["report"] == ["chute.Loader", True]
 
 
 def test_chute_format_names_are_lazy_through_the_same_helper():

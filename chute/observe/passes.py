@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chute.observe.autotune import Autotuner
 from chute.observe.counters import Counters, Snapshot
 from chute.observe.hooks import Hook
-from chute.observe.report import Context, Report, build, cache_window
+
+if TYPE_CHECKING:
+    from chute.observe.report import Report
 
 #: A decision that moved the thread count (others: prefetch, or a note such as "threads stay at 2").
 _MOVE = re.compile(r"threads (\d+) -> (\d+)")
@@ -91,6 +93,8 @@ class LoaderMeter(Hook):
 
     def report(self, settings: dict[str, Any], cpu_budget: int, workers_kind: str, since: str = "pass") -> Report:
         """The report of the last pass (``since="pass"``) or of the loader's life (``"start"``)."""
+        from chute.observe.report import Context, build, cache_window  # only when a report is asked for
+
         if since not in ("pass", "start"):
             raise ValueError(f"since must be 'pass' or 'start', got {since!r}")
         now = self.counters.snapshot()
