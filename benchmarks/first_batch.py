@@ -29,7 +29,7 @@ The imports (``--only imports``): a fresh process that has imported torch and nu
 imports) times ``from chute import Loader``, then that plus ``Loader(path)`` and batch 0 of W2, and the first
 full garbage collection Python runs meanwhile (the first after ``import torch``, whoever allocates next pays
 it); a second process runs the same under ``python -X importtime`` with the collector off, for the import time
-of chute's own modules and of pyarrow (which chute imports). Both list chute's remote-storage modules and the
+of chute's own modules and of pyarrow (which chute imports), and the import with batch 0 without the collector. Both list chute's remote-storage modules and the
 network clients that a local dataset loaded: none is expected.
 
 Results go to benchmarks/results/first_batch.json through benchmarks/_results.py: a table per workload, a row
@@ -184,7 +184,8 @@ def importtime(data_dir: str) -> dict:
             own += int(self_us) if name.startswith("chute") else 0
             arrow += int(self_us) if name.startswith("pyarrow") else 0
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"chute_s": own / 1e6, "pyarrow_s": arrow / 1e6, "remote": out["remote"]}
+    return {"chute_s": own / 1e6, "pyarrow_s": arrow / 1e6, "remote": out["remote"], "first_nogc_s": out["first_s"],
+            "first_nogc_cpu_s": out["first_cpu_s"]}
 
 
 def run(workload: str, config: str, data_dir: str) -> dict:
@@ -287,6 +288,8 @@ def save_imports(data_dir: str, repeats: int, then: list[str]) -> None:
             row("from chute import Loader", [x["import_s"] for x in runs], [x["import_cpu_s"] for x in runs]),
             row("from chute import Loader, Loader(path) and batch 0 (W2)", [x["first_s"] for x in runs], [x["first_cpu_s"] for x in runs]),
             row("of which the first full garbage collection after import torch", [x["gc_s"] for x in runs]),
+            row("the same import and batch 0 with the collector off (under -X importtime)", [x["first_nogc_s"] for x in times],
+                [x["first_nogc_cpu_s"] for x in times]),
             row("chute's own modules: their import times (-X importtime, collector off)", [x["chute_s"] for x in times]),
             row("pyarrow, imported by chute: the same", [x["pyarrow_s"] for x in times]),
         ],
