@@ -29,8 +29,8 @@ The imports (``--only imports``): a fresh process that has imported torch and nu
 imports) times ``from chute import Loader``, then that plus ``Loader(path)`` and batch 0 of W2, and the first
 full garbage collection Python runs meanwhile (the first after ``import torch``, whoever allocates next pays
 it); a second process runs the same under ``python -X importtime`` with the collector off, for the import time
-of chute's own modules and of pyarrow (which chute imports), and the import with batch 0 without the collector. Both list chute's remote-storage modules and the
-network clients that a local dataset loaded: none is expected.
+of chute's own modules and of pyarrow (which chute imports), and the import with batch 0 without that collection.
+Both list chute's remote-storage modules and the network clients that a local dataset loaded: none is expected.
 
 Results go to benchmarks/results/first_batch.json through benchmarks/_results.py: a table per workload, a row
 per configuration, and table "imports" (docs/benchmarks.md draws them with benchmarks/tables.py).
