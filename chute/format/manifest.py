@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from chute._bounded import read_within
 from chute._sizes import parse_size
 from chute.errors import ChuteError, ManifestError
 from chute.format.schema import Schema
@@ -183,13 +184,16 @@ def read_manifest(path: str, limit: int | None = None) -> str:
     larger than ``limit`` bytes (read no further than that)."""
     try:
         with open(path, "rb") as f:
-            data = f.read() if limit is None else f.read(limit + 1)
+            parts: list[bytes] = []
+            if limit is None:
+                parts.append(f.read())
+            elif read_within(f.read, limit, parts.append) > limit:
+                raise ManifestError(too_large(path, limit))
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if limit is not None and len(data) > limit:
-        raise ManifestError(too_large(path, limit))
+    data = b"".join(parts)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

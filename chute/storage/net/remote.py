@@ -32,6 +32,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from chute._bounded import read_within
 from chute.errors import ChuteError, RemoteError
 from chute.observe import inflight
 from chute.storage.net import http as http_get, s3, stream
@@ -531,13 +532,9 @@ class Remote:
             with inflight.track("GET", url):
                 try:
                     if not stream.streams(self.fs):
-                        got = 0
                         with self.fs.open(path, "rb") as f:  # read in blocks: never more than the limit in memory
-                            while chunk := f.read(min(self.part_size, bound + 1 - got)):
-                                parts.append(chunk)
-                                got += len(chunk)
-                                if got > bound:
-                                    raise TooLong(bound)
+                            if read_within(f.read, bound, parts.append, self.part_size) > bound:
+                                raise TooLong(bound)
                     else:
                         self._get(path, url, None, None, lambda _, chunks: parts.extend(chunks), bound)
                 except TooLong:
@@ -654,13 +651,10 @@ class Remote:
                 if stream.streams(self.fs):
                     got = self._get(path, url, None, None, write_all, bound)
                 else:
-                    got = 0
                     with self.fs.open(path, "rb", block_size=self.part_size) as f:
-                        while chunk := f.read(min(self.part_size, bound + 1 - got)):
-                            got += len(chunk)
-                            if got > bound:
-                                raise TooLong(bound)
-                            write(chunk)
+                        got = read_within(f.read, bound, write, self.part_size)
+                    if got > bound:
+                        raise TooLong(bound)
             if size is not None and got != size:
                 raise ShortRead(f"got {got} of {size} bytes")
 
