@@ -27,6 +27,7 @@ import statistics
 import sys
 import threading
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -44,30 +45,76 @@ def epoch(loader) -> tuple[float, float]:
     return samples / elapsed, 1e6 * cpu / (samples / 256)
 
 
-def per_batch_cost_ns(batch: dict, repeats: int = 7, n: int = 20_000) -> float:
-    """The counters' added work for one batch, replayed in a tight loop with the real objects (best of ``repeats``).
+class _Rows:
+    """The rows of every step of a pass of W2 (a stand-in for the pass's ``BatchIndices``: the same rows at every
+    step of one endless chunk)."""
 
-    Per batch a Loader with counters reads the clock once per stage of its fused
-    task plus once at its start (the worker), and twice in the loop (when the
-    batch arrives and when the loop asks for the next); it adds each stage's span
-    to its cell, updates the worker's cell, appends one trace record in the worker
-    and one in the loop, and updates the consumer's totals
-    (``chute/pipeline/task.py``, ``threads.py``, ``run.py``). Here the W2 chain:
-    the root and one stage, the gather. Without counters, the clock reads remain
-    (the task's marks, which the worker loop needs anyway, are not counted here).
+    def __init__(self, rows: int) -> None:
+        import numpy as np
+
+        self.chunks, self.per_chunk, self.full = [self], 1 << 40, 1 << 40
+        self._rows = np.arange(rows)
+
+    def __getitem__(self, step: int) -> Any:
+        return self._rows
+
+    def ahead(self, step: int) -> None:
+        pass
+
+
+class _Gather:
+    """The W2 chain's one stage (the gather), handing on a batch already made."""
+
+    name, gil, gathers, row_bytes, _builtin = "read", False, True, 3080, True
+
+    def __init__(self, batch: dict) -> None:
+        self.batch = batch
+
+    def map(self, batch: Any, ctx: Any) -> dict:
+        return self.batch
+
+
+def task_cost_ns(batch: dict, counters: Any, repeats: int, n: int) -> float:
+    """The fused task's own counting per batch (``chute/pipeline/task.py``, run as it is): ns per call of a task
+    with counters minus one without, each the best of ``repeats`` loops of ``n`` steps."""
+    from chute.pipeline.task import Task
+
+    best = {}
+    for on in (True, False):
+        task = Task(_Rows(256), [_Gather(batch)], 0, 0, None, counters=counters if on else None)  # type: ignore[arg-type]
+        w = task.register(threading.get_ident())
+        clock = time.perf_counter_ns
+        best[on] = float("inf")
+        for _ in range(repeats):
+            t0 = clock()
+            for step in range(2, n + 2):  # (step 1 is where the root would compute the next chunk)
+                task(step, t0, w)
+            best[on] = min(best[on], (clock() - t0) / n)
+    return best[True] - best[False]
+
+
+def per_batch_cost_ns(batch: dict, repeats: int = 7, n: int = 20_000) -> float:
+    """The counters' added work for one batch (best of ``repeats``): the fused task's, run as it is, and the
+    worker's and the loop's, replayed in a tight loop with the real objects.
+
+    Per batch a Loader with counters adds each stage's span of its fused task
+    to its cell and appends one trace record there (``chute/pipeline/task.py``:
+    :func:`task_cost_ns` runs the task with and without counters); the worker
+    reads the clock at a task's start and updates its cell
+    (``threads.py``), and the loop reads the clock twice (when the batch arrives
+    and when the loop asks for the next), updates the consumer's totals and
+    appends one trace record (``run.py``). Here the W2 chain: the root and one
+    stage, the gather.
     """
     from chute.observe.counters import Counters
 
     counters = Counters()
+    task = task_cost_ns(batch, counters, repeats, n)
     clock = time.perf_counter_ns
-    order, read = counters.stage("order").cell(), counters.stage("read").cell()
-    cells = (read,)
-    waits = (False,)
-    names = ("read",)
     worker = counters.stage("workers").cell()
     trace = counters.trace.append
     consumer = counters.consumer
-    rows, row_bytes = 256, 3080
+    rows = 256
     best = float("inf")
     for _ in range(repeats):
         t0 = clock()
@@ -75,20 +122,7 @@ def per_batch_cost_ns(batch: dict, repeats: int = 7, n: int = 20_000) -> float:
         called = t0
         for step in range(n):
             start = clock()
-            marks = [start] * 2
-            marks[1] = clock()
-            end = marks[1]
-            order.items += rows
-            i = 0
-            for cell in cells:
-                if waits[i]:
-                    cell.wait_in_ns += marks[i + 1] - marks[i]
-                else:
-                    cell.busy_ns += marks[i + 1] - marks[i]
-                    cell.items += rows
-                i += 1
-            cells[0].nbytes += row_bytes * rows
-            trace(("task", 1, step, rows, names, marks))
+            end = clock()  # (the task's last mark)
             worker.wait_out_ns += start - idle
             worker.busy_ns += end - start
             worker.items += 1
@@ -102,7 +136,7 @@ def per_batch_cost_ns(batch: dict, repeats: int = 7, n: int = 20_000) -> float:
             trace(("loop", 2, called, got, done, step))
             called = done
         best = min(best, (clock() - t0) / n)
-    return best
+    return task + best
 
 
 def micro() -> dict:

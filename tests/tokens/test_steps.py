@@ -10,6 +10,7 @@ import torch
 
 import chute
 from chute.cli import main
+from tests.stages import Running
 from tests.tokens.test_sequences import write_docs
 
 
@@ -80,36 +81,16 @@ def test_chute_which_prints_pieces_and_names_a_step_out_of_range(corpus, capsys)
     assert "step 100000 is outside the" in capsys.readouterr().err
 
 
-class _Seen(chute.Stage):
-    """A stage of one's own in the loop that keeps state: its state nests the Loader's under "source"."""
-
-    name = "seen"
-    count = 0
-
-    def reset(self, state=None):
-        super().reset(state)
-        self.source.reset(None if state is None else state["source"])
-        self.count = 0 if state is None else state["count"]
-
-    def next(self):
-        batch = self.source.next()
-        self.count += 1
-        return batch
-
-    def state(self):
-        return {"source": self.source.state(), "count": self.count}
-
-
 @pytest.mark.parametrize("pack", ["concat", "documents"])
 def test_which_finds_the_loader_state_nested_by_a_stateful_stage(corpus, pack):
     ds, docs = corpus
     view = chute.tokens.sequences(ds, 16, pack=pack, pad_id=-1)
-    loader = chute.Loader(view, 4, shuffle=True, seed=8, workers=1, stages=[_Seen()])
+    loader = chute.Loader(view, 4, shuffle=True, seed=8, workers=1, stages=[Running("input_ids")])
     for step, batch in enumerate(loader):
         if step == 5:
             break
     state = loader.state_dict()
-    assert state["count"] == 6 and state["source"]["consumed"] == 24  # the Loader's state is nested
+    assert state["count"] == 24 and state["source"]["consumed"] == 24  # the Loader's state is nested
     expected = chute.tokens.which(view, 5, 4, shuffle=True, seed=8)
     assert chute.tokens.which(loader, 5) == expected
     assert chute.tokens.which(state, 5, data=view) == expected
@@ -124,7 +105,7 @@ def test_which_finds_the_loader_state_nested_by_a_stateful_stage(corpus, pack):
 def test_which_names_what_it_found_when_a_state_holds_no_loader_state(corpus):
     ds, _ = corpus
     view = chute.tokens.sequences(ds, 16)
-    loader = chute.Loader(view, 4, stages=[_Seen()])
+    loader = chute.Loader(view, 4, stages=[Running("input_ids")])
     state = loader.state_dict()
     with pytest.raises(chute.ChuteError, match=r"found no Loader state in the state .*its keys are \['count'\]"):
         chute.tokens.which({"count": 3}, 1, data=view)
