@@ -243,7 +243,15 @@ class Loader(Stage):
         self.root.set_epoch(epoch)
 
     def __len__(self) -> int:
-        """Batches the next pass delivers on this rank (progressive: were it to start now)."""
+        """Batches the next pass delivers on this rank (progressive: were it to start now), through the stages in
+        the loop (TypeError naming a stage of one's own that does not say how many it hands on: ``Stage.length``)."""
+        batches = self._steps()
+        for stage in self.chain.loop:
+            batches = stage.length(batches)
+        return batches
+
+    def _steps(self) -> int:
+        """Steps of the next pass on this rank (the batches the loop stages take)."""
         run = self._pass
         if run is not None and delivering(run.state):
             return run.steps

@@ -69,6 +69,19 @@ class Stage:
         """Where the consumer is: ``reset(state())`` goes on with the batch after the last one handed on."""
         raise NotImplementedError(f"{type(self).__name__} must define state()")
 
+    def length(self, batches: int) -> int:
+        """The batches this stage hands on in a pass whose source hands on ``batches`` (``len(loader)`` asks it).
+
+        A stage that keeps state of its own may split a batch into several
+        (micro-batches) or merge some, so this one cannot know: TypeError,
+        naming the stage. A subclass that knows says so (``return batches``
+        for one batch out per batch in, ``return batches * 4`` for quarters).
+        """
+        raise TypeError(
+            f"len() is not known through stage {self.name!r} ({type(self).__name__}): a chute.Stage of one's own may hand "
+            "on any number of batches per batch it takes; define length(self, batches) on it to say how many"
+        )
+
     def close(self) -> None:
         """Stop what this stage started (threads, a Loader's pass); the stages before it too."""
         if self.source is not None:
@@ -151,6 +164,9 @@ class BatchStage(Stage):
         if self.source is None:
             return {}
         return self.source.state()
+
+    def length(self, batches: int) -> int:
+        return batches  # one batch out per batch in
 
     def __repr__(self) -> str:
         return f"BatchStage({_name_of(self.fn) if self.fn is not None else type(self).__name__}, name={self.name!r}, where={self.where!r})"

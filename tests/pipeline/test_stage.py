@@ -20,6 +20,7 @@ import torch
 import chute
 from chute.pipeline.chain import plan
 from chute.pipeline.transform import Functions
+from tests.stages import Running
 
 README = pathlib.Path(__file__).resolve().parents[2] / "chute" / "pipeline" / "README.md"
 N, BATCH = 64, 4
@@ -131,28 +132,6 @@ def test_a_workers_stage_runs_in_worker_processes(ds):
         chute.Loader(ds, BATCH, stages=[chute.BatchStage(lambda b: b, name="anon")], workers="processes")
 
 
-class Running(chute.Stage):
-    """A stage of one's own in the loop: the running count of samples it handed on, part of its state."""
-
-    name = "running"
-
-    def __init__(self):
-        self.count = 0
-
-    def reset(self, state=None):
-        super().reset(state)
-        self.source.reset(None if state is None else state["source"])
-        self.count = 0 if state is None else state["count"]
-
-    def next(self):
-        batch = self.source.next()
-        self.count += len(batch["id"])
-        return {**batch, "seen": self.count}
-
-    def state(self):
-        return {"source": self.source.state(), "count": self.count}
-
-
 def test_a_stateful_stage_in_the_loop_keeps_its_state_across_a_resume(ds):
     loader = chute.Loader(ds, BATCH, shuffle=True, seed=2, stages=[Running()])
     it = iter(loader)
@@ -165,6 +144,51 @@ def test_a_stateful_stage_in_the_loop_keeps_its_state_across_a_resume(ds):
     assert [b["seen"] for b in first + rest] == [BATCH * (i + 1) for i in range(N // BATCH)]
     assert sorted(sum(ids(first + rest), [])) == list(range(N))
     assert [b["seen"] for b in resumed][0] == BATCH  # the next pass starts the stage afresh
+
+
+class Halves(chute.Stage):
+    """A stage of one's own in the loop that splits each batch in two (micro-batches), and says so."""
+
+    name = "halves"
+
+    def __init__(self):
+        self.pending = []
+
+    def reset(self, state=None):
+        super().reset(state)
+        self.source.reset(None if state is None else state["source"])
+        self.pending = []
+
+    def next(self):
+        if not self.pending:
+            batch = self.source.next()
+            half = len(batch["id"]) // 2
+            self.pending = [{k: v[:half] for k, v in batch.items()}, {k: v[half:] for k, v in batch.items()}]
+        return self.pending.pop(0)
+
+    def state(self):
+        return {"source": self.source.state()}
+
+    def length(self, batches):
+        return 2 * batches
+
+
+def test_len_counts_the_batches_a_stage_in_the_loop_hands_on_or_names_the_stage_that_cannot_say(ds):
+    halves = chute.Loader(ds, BATCH, stages=[chute.BatchStage(_plus_one, name="plus", where="loop"), Halves()])
+    assert len(halves) == 2 * N // BATCH
+    it = iter(halves)
+    first = next(it)
+    assert len(halves) == 2 * N // BATCH and len(first["id"]) == BATCH // 2  # the pass running: the same
+    assert len([first, *it]) == len(halves)
+    same = chute.Loader(ds, BATCH, stages=[chute.BatchStage(_plus_one, name="plus", where="thread")])
+    assert len(same) == len(list(same)) == N // BATCH  # a function of a batch: one out per batch in
+    running = chute.Loader(ds, BATCH, stages=[Running()])
+    with pytest.raises(TypeError, match=r"len\(\) is not known through stage 'running' \(Running\).*define length\(self, batches\)"):
+        len(running)
+    assert len(list(running)) == N // BATCH  # list() still takes the whole pass (a TypeError from len is no length)
+    running.close()
+    halves.close()
+    same.close()
 
 
 def test_an_error_in_a_stage_is_raised_at_its_batch_naming_the_stage(ds):
