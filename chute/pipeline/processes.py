@@ -16,20 +16,29 @@ still one whole batch::
     channel.take(step) ◄── channel.put(step, batch)
 
 The results reach the training loop through the same in-order
-:class:`chute._channel.Channel` as the thread workers'. One receiver
-thread per pass (``chute-procs-r<rank>``) sends tasks (at most ``depth`` in
+:class:`chute._channel.Channel` as the thread workers'. The pool's receiver
+thread (``chute-procs-r<rank>``) sends a pass's tasks (at most ``depth`` in
 flight, each to the worker with the fewest outstanding tasks, only while a
 ring slot is free) and files the replies; it waits on the pipes, the process
 sentinels and a wake-up pipe at once, so a worker that dies is reported (pid,
 exit code, step) instead of hanging, and the loop's ``submit`` and ``close``
 wake it.
 
-A remote dataset's shards are downloaded and held by this process. A gate
-thread per pass (``chute-procs-g<rank>``) passes a submitted step on to the
+A remote dataset's shards are downloaded and held by this process. The
+pool's gate thread (``chute-procs-g<rank>``) passes a submitted step on to the
 receiver only once the downloader holds its shards; a worker reads them as a
 guest of that hold (no lock or lease of its own) and keeps them mapped across
 batches until this process lets go of one: then every worker is sent
 ``("drop", shard)`` and unmaps it.
+
+Like the workers, both threads are started once and kept across passes
+(:class:`_Kept`): a pass hands each its loop as a job and, when it ends, waits
+until the job has returned (as the thread executor's passes do), so no thread
+is started or joined at a pass boundary. They hold no pass between jobs and
+never the pool itself, so a pool (a Loader) dropped unclosed is collected and
+its finalizer stops them. One still in its job
+when the pass's close gives up (stuck) is left behind, exits once the job
+returns, and the next pass starts another.
 
 Every task and reply carries its pass id: ending a pass early sends
 ``("cancel", pass)``, workers answer queued tasks of that pass with
@@ -40,7 +49,7 @@ A reply also carries the clock between the task's stages, which the receiver
 adds to each stage's counter (the runtime measures in the worker, the main
 process records).
 
-**Shutdown.** ``close()`` sends every worker a stop, lets idle ones exit, then
+**Shutdown.** ``close()`` stops the kept threads, sends every worker a stop, lets idle ones exit, then
 terminates and kills the rest after a short grace period, closes the pipes and
 sentinels and unlinks the segments. The same runs when the pool is garbage
 collected and at interpreter exit (``weakref.finalize``), when a worker dies,
@@ -62,13 +71,16 @@ import collections
 import contextlib
 import dataclasses
 import itertools
+import logging
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from multiprocessing import connection, resource_tracker
 from typing import Any
 
@@ -78,6 +90,8 @@ from chute.format.schema import FIXED_SIZE
 from chute.pipeline.shm import ALIGN, Ring, slot_bytes
 from chute.pipeline.wire import PROTOCOL as _PROTOCOL, decode, decode_exception
 from chute.pipeline.worker import STACK_SIGNAL as _STACK_SIGNAL, worker_main
+
+log = logging.getLogger("chute")
 
 _STOP_GRACE = 1.0  # seconds a stopped worker gets to exit on its own before it is terminated
 #: Pseudo thread id of the spans worker processes report, in the trace.
@@ -249,6 +263,81 @@ def _read_available(conn: connection.Connection, timeout: float, quiet: float) -
     return b"".join(chunks)
 
 
+class _Kept:
+    """A daemon thread of the pool kept across its passes: it runs one job at a time (a pass's receiver or gate loop).
+
+    Between jobs it holds nothing of a pass or of the pool (a pool dropped
+    between passes is collected, and its finalizer stops the thread). The
+    receiver's wake-up pipe is kept with it: the loop's ``submit`` and a pass's
+    ``close`` write to it; it is closed when the pool stops the thread, or when
+    this object is collected (a pass's executor holds it: no write can reach a
+    closed descriptor's number while one may still write). A thread whose job
+    does not end when its pass closes (stuck) is left behind: it exits once that
+    job returns, and the pool starts another for the next pass.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake = os.pipe()
+        self.close_pipe = weakref.finalize(self, _close_fds, *self.wake)
+        self.thread = threading.Thread(target=_serve, args=(self.jobs, self.done), name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Run ``job`` next (after the job before it has returned)."""
+        self.jobs.put(job)
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the job given last has returned, waiting at most ``timeout`` seconds."""
+        try:
+            self.done.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return False
+        return True
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """The thread exits once its job (if any) has returned; with ``timeout``, wait for it: whether it has exited."""
+        self.jobs.put(None)
+        with contextlib.suppress(OSError):
+            os.write(self.wake[1], b"!")
+        if timeout is None or self.thread is threading.current_thread():
+            return False
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+
+def _serve(jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
+    """A kept thread's body: run each job until the ``None`` that stops it."""
+    while (job := jobs.get()) is not None:
+        try:
+            job()
+        except BaseException:  # noqa: BLE001 - a job reports its own failures (to its pass); the thread stays
+            log.exception("chute: a worker-process pass's %s failed", threading.current_thread().name)
+        job = None  # nothing of the pass is kept while idle
+        done.put(True)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _stop_all(running: _Running, kept: dict[str, _Kept]) -> None:
+    """The pool's finalizer: stop its kept threads and its workers, free the ring."""
+    stopping = list(kept.values())
+    kept.clear()
+    for k in stopping:
+        k.stop()
+    running.shutdown()
+    for k in stopping:
+        if k.thread is not threading.current_thread():
+            k.thread.join(1.0)
+        if not k.thread.is_alive():
+            k.close_pipe()
+
+
 def _discard(w: _Worker) -> None:
     try:
         while w.conn.poll():
@@ -258,7 +347,8 @@ def _discard(w: _Worker) -> None:
 
 
 class _PassRun:
-    """The process pool's side of one pass: the receiver thread and the steps it owes the channel."""
+    """The process pool's side of one pass: the steps it owes the channel, the jobs of the pool's kept receiver
+    thread (:meth:`_pump`) and, for a remote dataset, gate thread (:meth:`_gate`) while the pass runs."""
 
     def __init__(self, pool: ProcessPool, run: Any, pass_id: int) -> None:
         self.pool, self.id = pool, pass_id  # (not the run itself: its finalizer holds this object)
@@ -274,19 +364,20 @@ class _PassRun:
         self.failure: BaseException | None = None  # what ended the pass; every step owed or submitted later raises it
         self._lock = threading.Lock()  # submit vs fail: no step may fall between them
         self._cond = threading.Condition(self._lock)  # the gate waits on it for steps
-        self._wake_r, self._wake_w = os.pipe()
         self._cells: tuple[Any, ...] | None = None  # a counter cell per stage of the task (the receiver thread's)
         self._order: Any = None  # the root's
         # A remote dataset's downloader holds the shards of the coming steps in this process; a step goes
         # to a worker only once its shards are held (the worker reads them under this hold).
         self.fetcher = run.fetcher
-        self.gate: threading.Thread | None = None
+        self.gate: _Kept | None = None
         if self.fetcher is not None:
             self._steps = (run.indices, run.dataset.shards_of)
-            self.gate = threading.Thread(target=self._gate, name=f"chute-procs-g{pool.rank}", daemon=True)
-            self.gate.start()
-        self.thread = threading.Thread(target=self._pump, name=f"chute-procs-r{pool.rank}", daemon=True)
-        self.thread.start()
+            self.gate = pool._kept_thread("g")
+        self.receiver = pool._kept_thread("r")
+        self._wake_r, self._wake_w = self.receiver.wake
+        if self.gate is not None:
+            self.gate.run(self._gate)
+        self.receiver.run(self._pump)
 
     # ------------------------------------------------------------------ the training loop's side
 
@@ -304,6 +395,8 @@ class _PassRun:
 
     def _wake(self) -> None:
         """Wake the receiver thread (a step to send, or the pass ends)."""
+        if self.closed:  # (its pipe is closed once the pool is)
+            return
         try:
             os.write(self._wake_w, b"!")
         except OSError:  # closed meanwhile
@@ -319,21 +412,18 @@ class _PassRun:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"!")
         deadline = time.monotonic() + timeout
-        ours = [self.thread] if self.gate is None else [self.thread, self.gate]
-        for thread in ours:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        stuck = [thread for thread in ours if thread.is_alive()]
         pool = self.pool
+        stuck = []
+        for kept in (self.receiver, self.gate):  # each goes back to waiting for the next pass's job
+            if kept is not None and not kept.wait(deadline - time.monotonic()):
+                stuck.append(kept.thread)
+                pool._leave_behind(kept)
         if broken:
             pool._break()
         else:
             pool._cancel(self)
         if pool._active is self:
             pool._active = None
-        if self.thread not in stuck:
-            for fd in (self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
         return stuck
 
     # ------------------------------------------------------------------ the receiver thread
@@ -498,9 +588,10 @@ class ProcessPool:
     ``start_pass(run)`` returns the executor of one pass (``submit``,
     ``close``): the batch of each submitted step arrives in ``run.channel``.
     One pass runs at a time (a new one ends the previous). The workers start at
-    construction and are kept across passes; ``close`` stops them and frees
-    the shared memory (also done on garbage collection and at interpreter
-    exit). After a worker died, the next pass starts new ones.
+    construction, the receiver and gate threads at the first pass that needs
+    them, and all are kept across passes; ``close`` stops them and frees the
+    shared memory (also done on garbage collection and at interpreter exit).
+    After a worker died, the next pass starts new ones.
     """
 
     def __init__(
@@ -534,7 +625,8 @@ class ProcessPool:
         self._first_slot_bytes = slot_bytes(fixed * order.batch_size + ALIGN * len(dataset.schema.names))
         self._context = multiprocessing.get_context(start_method)
         self._running = _Running(getattr(dataset, "cache", None))
-        self._finalizer = weakref.finalize(self, self._running.shutdown)
+        self._kept: dict[str, _Kept] = {}  # the receiver ("r") and gate ("g") threads, kept across passes
+        self._finalizer = weakref.finalize(self, _stop_all, self._running, self._kept)
         self._pass_ids = itertools.count(1)
         self._active: _PassRun | None = None
         self._closed = False
@@ -611,6 +703,21 @@ class ProcessPool:
         self.close()
 
     # ------------------------------------------------------------------ internals (the receiver thread)
+
+    def _kept_thread(self, kind: str) -> _Kept:
+        """The kept receiver (``"r"``) or gate (``"g"``) thread, started on first use (or again in a forked child,
+        which has none of its parent's threads, and after one was left behind)."""
+        kept = self._kept.get(kind)
+        if kept is None or not kept.thread.is_alive():
+            kept = self._kept[kind] = _Kept(f"chute-procs-{kind}{self.rank}")
+        return kept
+
+    def _leave_behind(self, kept: _Kept) -> None:
+        """A kept thread still in the job of a pass that has closed: it exits when that job returns."""
+        for kind, k in list(self._kept.items()):
+            if k is kept:
+                del self._kept[kind]
+        kept.stop()
 
     def _start(self) -> None:
         self._running.start(self._context, self._setup, self.workers, self.depth, self._first_slot_bytes, f"chute-worker-r{self.rank}")

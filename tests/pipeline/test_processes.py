@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from multiprocessing import resource_tracker
 
 import numpy as np
@@ -412,3 +413,62 @@ def test_worker_memory_stays_flat(processes):
     assert worker_pids() == pids  # the same workers across epochs
     growth = {pid: rss_bytes(pid) - before[pid] for pid in pids}
     assert all(g < 50 << 20 for g in growth.values()), growth
+
+
+# ---------------------------------------------------------------- passes: the pool's threads kept across them
+
+
+def procs_threads(other=()):
+    """The worker-process pools' threads, but ``other`` (those of the module's shared Loader)."""
+    return [t for t in threading.enumerate() if t.name.startswith("chute-procs") and t not in other]
+
+
+def test_the_same_receiver_thread_and_workers_serve_every_pass_then_close_leaves_nothing(ds):
+    with _loader(ds) as threads:  # the reference: epochs 0-3 on threads (this process maps the shards: before the snapshot)
+        expected = []
+        for epoch in range(4):
+            threads.set_epoch(epoch)
+            expected.append(list(threads))
+    before, other, others = snapshot(), procs_threads(), set(worker_pids())
+    loader = _loader(ds, workers="processes")
+    try:
+        assert_same_batches(list(loader), expected[0])
+        (receiver,) = procs_threads(other)  # a local dataset: no gate thread
+        pids = set(worker_pids()) - others
+        for epoch in (1, 2):
+            it = iter(loader)  # passes left early, with steps in flight on the workers
+            next(it)
+            it.close()
+            assert procs_threads(other) == [receiver]
+            assert_same_batches(list(loader), expected[epoch])  # the pass after them is exact
+            assert procs_threads(other) == [receiver] and set(worker_pids()) - others == pids  # nothing started or stopped
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(3)]
+        state = loader.state_dict()
+        iterator.close()
+        loader.load_state_dict(state)
+        assert_same_batches(head + list(loader), expected[3])  # a resume on the same threads
+        assert procs_threads(other) == [receiver]
+    finally:
+        loader.close()
+    assert procs_threads(other) == [] and not receiver.is_alive()
+    assert_nothing_left(before)
+
+
+def test_an_unclosed_loader_collected_stops_its_pool_threads_and_workers(ds):
+    before, other, others = snapshot(), procs_threads(), set(worker_pids())
+
+    def use():
+        loader = _loader(ds, workers="processes")
+        for _ in range(2):
+            assert len(list(loader)) == N // BATCH
+        it = iter(loader)
+        next(it)  # left in the middle of a pass
+        assert len(procs_threads(other)) == 1 and len(set(worker_pids()) - others) == 2
+        return weakref.ref(loader)
+
+    gone_loader = use()
+    gc.collect()
+    assert gone_loader() is None
+    assert procs_threads(other) == []
+    assert_nothing_left(before)

@@ -264,6 +264,31 @@ def test_objects_deleted_mid_epoch_surface_as_not_found_as_soon_with_worker_proc
     assert chute_threads() == []
 
 
+def pool_threads() -> dict[str, threading.Thread]:
+    return {t.name: t for t in threading.enumerate() if t.name.startswith("chute-procs")}
+
+
+def test_worker_processes_keep_their_receiver_and_gate_threads_across_remote_passes(served, reference, tmp_path):
+    """With worker processes this process holds the shards, and a gate thread passes a step on to the receiver
+    once they are held: both threads are the pool's, kept across passes, and every pass is exact."""
+    _, want = reference
+    ds = chute.open(served, cache_dir=tmp_path / "cache")
+    ld = loader(ds, workers=chute.Workers("processes", count=2))
+    try:
+        assert_same_epoch(epoch_columns(ld), want[0])
+        kept = pool_threads()
+        assert sorted(kept) == ["chute-procs-g0", "chute-procs-r0"]
+        it = iter(ld)
+        next(it)
+        it.close()  # left early: the next pass runs epoch 1 again, from its start
+        assert_same_epoch(epoch_columns(ld), want[1])
+        assert pool_threads() == kept
+    finally:
+        ld.close()
+    assert chute_threads() == [] and not any(t.is_alive() for t in kept.values())
+    assert part_files(str(tmp_path / "cache")) == []
+
+
 # ---------------------------------------------------------------------------
 # Compressed shards, resume
 # ---------------------------------------------------------------------------
