@@ -364,6 +364,7 @@ class _PassRun:
         self.failure: BaseException | None = None  # what ended the pass; every step owed or submitted later raises it
         self._lock = threading.Lock()  # submit vs fail: no step may fall between them
         self._cond = threading.Condition(self._lock)  # the gate waits on it for steps
+        self._waking = False  # a wake-up written that the receiver has not woken to yet
         self._cells: tuple[Any, ...] | None = None  # a counter cell per stage of the task (the receiver thread's)
         self._order: Any = None  # the root's
         # A remote dataset's downloader holds the shards of the coming steps in this process; a step goes
@@ -394,9 +395,15 @@ class _PassRun:
         self._wake()
 
     def _wake(self) -> None:
-        """Wake the receiver thread (a step to send, or the pass ends)."""
-        if self.closed:  # (its pipe is closed once the pool is)
+        """Wake the receiver thread (a step to send, or the pass ends).
+
+        One write until the receiver has woken: the steps a pass submits at its
+        start, and those submitted while the receiver is busy, share it (it
+        sends every queued step once awake).
+        """
+        if self._waking or self.closed:  # (the pipe is closed once the pool is)
             return
+        self._waking = True
         try:
             os.write(self._wake_w, b"!")
         except OSError:  # closed meanwhile
@@ -444,6 +451,7 @@ class _PassRun:
                         handles.append(worker.conn)
                 ready = connection.wait(handles)
                 if self._wake_r in ready:
+                    self._waking = False  # (before the read: a wake-up after this one writes again)
                     os.read(self._wake_r, 1 << 16)
                 for handle in ready:
                     w = by_handle.get(handle)
