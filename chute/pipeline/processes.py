@@ -36,7 +36,9 @@ Like the workers, both threads are started once and kept across passes
 until the job has returned (as the thread executor's passes do), so no thread
 is started or joined at a pass boundary. They hold no pass between jobs and
 never the pool itself, so a pool (a Loader) dropped unclosed is collected and
-its finalizer stops them. One still in its job
+its finalizer stops them. A forked child's copy of a pool uses and stops
+nothing of its parent's (workers, ring, threads, a pass in progress): its next
+pass starts workers and threads of its own. One still in its job
 when the pass's close gives up (stuck) is left behind, exits once the job
 returns, and the next pass starts another.
 
@@ -290,6 +292,8 @@ class _Kept:
 
     def wait(self, timeout: float) -> bool:
         """Whether the job given last has returned, waiting at most ``timeout`` seconds."""
+        if not self.thread.is_alive():  # (a forked child's copy of its parent's thread: no job runs here)
+            return True
         try:
             self.done.get(timeout=max(0.0, timeout))
         except queue.Empty:
@@ -324,8 +328,11 @@ def _close_fds(*fds: int) -> None:
             os.close(fd)
 
 
-def _stop_all(running: _Running, kept: dict[str, _Kept]) -> None:
-    """The pool's finalizer: stop its kept threads and its workers, free the ring."""
+def _stop_all(running: _Running, kept: dict[str, _Kept], pid: int) -> None:
+    """The pool's finalizer: stop its kept threads and its workers, free the ring (in the process that started
+    them: a forked child's copy of a pool is its parent's, which it must not stop)."""
+    if os.getpid() != pid:
+        return
     stopping = list(kept.values())
     kept.clear()
     for k in stopping:
@@ -365,6 +372,7 @@ class _PassRun:
         self._lock = threading.Lock()  # submit vs fail: no step may fall between them
         self._cond = threading.Condition(self._lock)  # the gate waits on it for steps
         self._waking = False  # a wake-up written that the receiver has not woken to yet
+        self._pid = os.getpid()
         self._cells: tuple[Any, ...] | None = None  # a counter cell per stage of the task (the receiver thread's)
         self._order: Any = None  # the root's
         # A remote dataset's downloader holds the shards of the coming steps in this process; a step goes
@@ -415,6 +423,8 @@ class _PassRun:
             return []
         with self._lock:
             self.closed = self.stopped = True
+        if self._pid != os.getpid():  # a forked child's copy of its parent's pass: its workers and threads are the parent's
+            return []
         self._end_gate()
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"!")
@@ -634,7 +644,8 @@ class ProcessPool:
         self._context = multiprocessing.get_context(start_method)
         self._running = _Running(getattr(dataset, "cache", None))
         self._kept: dict[str, _Kept] = {}  # the receiver ("r") and gate ("g") threads, kept across passes
-        self._finalizer = weakref.finalize(self, _stop_all, self._running, self._kept)
+        self._pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _stop_all, self._running, self._kept, self._pid)
         self._pass_ids = itertools.count(1)
         self._active: _PassRun | None = None
         self._closed = False
@@ -690,6 +701,8 @@ class ProcessPool:
         """The executor of ``run``: its submitted steps are built by the workers into ``run.channel``."""
         if self._closed:
             raise ChuteError("this process pool is closed (Loader.close() was called); create a new Loader")
+        if self._pid != os.getpid():
+            self._forked()
         if self._active is not None:
             self._active.close()
         if not self._running.started:
@@ -711,6 +724,18 @@ class ProcessPool:
         self.close()
 
     # ------------------------------------------------------------------ internals (the receiver thread)
+
+    def _forked(self) -> None:
+        """In a forked child: the workers, ring and threads are the parent's (the child must neither use nor stop
+        them: its messages would reach the parent's workers); this pool starts its own."""
+        parent = self._running
+        if parent.cache is not None:
+            with contextlib.suppress(ValueError):
+                parent.cache.unpin_listeners.remove(parent.let_go)
+        self._finalizer.detach()
+        self._pid, self._active, self._kept = os.getpid(), None, {}
+        self._running = _Running(parent.cache)
+        self._finalizer = weakref.finalize(self, _stop_all, self._running, self._kept, self._pid)
 
     def _kept_thread(self, kind: str) -> _Kept:
         """The kept receiver (``"r"``) or gate (``"g"``) thread, started on first use (or again in a forked child,

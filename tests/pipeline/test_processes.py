@@ -472,3 +472,32 @@ def test_an_unclosed_loader_collected_stops_its_pool_threads_and_workers(ds):
     assert gone_loader() is None
     assert procs_threads(other) == []
     assert_nothing_left(before)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_workers_of_its_own_and_leaves_its_parents_alone(ds):
+    """A fork copies the pool but none of its threads, and its workers are the parent's: the child's pass starts
+    its own workers and threads (sending to the parent's would take the parent's replies), and the child's exit
+    stops only its own. The parent's pool goes on with the same workers."""
+    with _loader(ds) as threads:
+        expected = [list(threads), list(threads)]
+    with _loader(ds, workers="processes") as loader:
+        assert_same_batches(list(loader), expected[0])
+        pids = set(worker_pids())
+        it = iter(loader)
+        next(it)  # the parent's pass in progress at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: one whole pass (epoch 1 from its start: the parent's pass had not ended), then out
+            ok = False
+            signal.alarm(120)  # a child that hangs is killed (and the test fails) instead of hanging the run
+            try:
+                got = list(loader)
+                mine = {w.pid for w in loader._processes._running.workers}
+                ok = ids(got) == ids(expected[1]) and len(mine) == 2 and not mine & pids
+                loader.close()  # its own workers and threads
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        rest = list(it)  # the parent's pass goes on where it was, on its own workers
+        assert len(rest) == N // BATCH - 1 and set(worker_pids()) == pids
