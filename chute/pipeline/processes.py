@@ -461,8 +461,10 @@ class _PassRun:
                         handles.append(worker.conn)
                 ready = connection.wait(handles)
                 if self._wake_r in ready:
-                    self._waking = False  # (before the read: a wake-up after this one writes again)
                     os.read(self._wake_r, 1 << 16)
+                    # after the read (which may take a byte written after a clear before it): a step submitted
+                    # while the flag is still set is sent by the _send() that follows
+                    self._waking = False
                 for handle in ready:
                     w = by_handle.get(handle)
                     if w is not None and handle is w.conn:
