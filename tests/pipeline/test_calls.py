@@ -8,7 +8,10 @@ chunk); the per-batch figure is the difference between a whole pass and a pass
 resumed half-way, divided by the difference in batches, so those cancel out.
 The autotuner's ticks are left out: they come every few hundred milliseconds
 whatever the batch rate (a slower machine ticks more often per batch).
-A count, not a timing: it holds on any machine and under any load.
+A count, not a timing; but how often a thread finds its batch or its block not yet
+ready (and waits, or allocates one more block) depends on the scheduler, which
+adds a call or two per batch on a loaded machine: the budget is held by the
+lowest of up to three measurements, each printed when none is within it.
 """
 
 from __future__ import annotations
@@ -82,8 +85,13 @@ def calls_per_batch(make) -> tuple[float, collections.Counter]:
 
 @pytest.mark.parametrize("batch_size", [64, 256])
 def test_a_w2_batch_costs_at_most_thirty_python_calls(w2, batch_size):
-    per_batch, counts = calls_per_batch(lambda: chute.Loader(w2, batch_size, shuffle=True, seed=0))
-    assert per_batch <= BUDGET, f"{per_batch:.1f} calls per batch; the most frequent: {counts.most_common(12)}"
+    seen = []
+    for _ in range(3):  # the scheduler only adds calls (waits): the lowest count is the path's own
+        per_batch, counts = calls_per_batch(lambda: chute.Loader(w2, batch_size, shuffle=True, seed=0))
+        seen.append(f"{per_batch:.1f} calls per batch; the most frequent: {counts.most_common(12)}")
+        if per_batch <= BUDGET:
+            return
+    pytest.fail("\n".join(seen))
 
 
 def identity(sample):
