@@ -7,6 +7,7 @@ depends on how long anything takes.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -137,6 +138,40 @@ def test_a_download_is_hashed_as_it_arrives_only_from_bytes_fed_in_order(algorit
     short = StreamHash(algorithm)
     short.feed(0, [data[:-1]])
     assert short.result(len(data)) is None
+
+
+def test_a_download_is_written_exactly_in_aligned_writes_of_at_most_write_max(tmp_path, monkeypatch):
+    """Chunks of any sizes, at any offset, land byte for byte; every write system call stays inside one
+    WRITE_MAX-aligned stretch of the file (the page cache's folios stay that small), and a write the kernel
+    takes only part of is finished."""
+    import random
+
+    from chute.storage.net import remote
+
+    calls: list[tuple[int, int]] = []
+    pwritev = os.pwritev
+
+    def short_pwritev(fd, pieces, offset):  # records the call, and takes only part of every third one
+        total = sum(len(p) for p in pieces)
+        calls.append((offset, total))
+        if len(calls) % 3 == 0 and total > 1:
+            return pwritev(fd, [b"".join(pieces)[: total // 2]], offset)
+        return pwritev(fd, pieces, offset)
+
+    monkeypatch.setattr(remote.os, "pwritev", short_pwritev)
+    rng = random.Random(0)
+    for trial in range(60):
+        monkeypatch.setattr(remote, "WRITE_MAX", rng.choice([1, 4096, 256 << 10]))
+        chunks = [os.urandom(rng.randint(1, 300_000)) for _ in range(rng.randint(1, 5))]
+        offset = rng.randint(0, 1 << 20)
+        path = tmp_path / f"{trial}.part"
+        calls.clear()
+        with open(path, "wb") as f:
+            remote._pwritev(f.fileno(), chunks, offset)
+        assert path.read_bytes() == bytes(offset) + b"".join(chunks)
+        for start, length in calls:
+            assert 0 < length <= remote.WRITE_MAX
+            assert start // remote.WRITE_MAX == (start + length - 1) // remote.WRITE_MAX
 
 
 def test_s3_epoch_makes_one_get_per_shard_and_no_head(on_s3, s3_proxy, tmp_path):

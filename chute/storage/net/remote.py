@@ -731,16 +731,41 @@ class StreamHash:
         return f"{self.algorithm}:{self._hasher.hexdigest()}"
 
 
+#: Most bytes one write system call puts into a shard file, each call ending at a multiple of it. The page
+#: cache gives a write a folio (a block of pages) as large as the write and its alignment allow; folios of
+#: up to this size are taken from the small free blocks the kernel keeps, where multi-megabyte ones take
+#: whole free blocks, which a VM's host may have reclaimed and faults back in page by page
+#: (docs/remote.md, "Performance").
+WRITE_MAX = 256 << 10
+
+
 def _pwritev(fd: int, chunks: list[bytes], offset: int) -> None:
-    """Write ``chunks`` one after another at ``offset`` of ``fd`` (one system call, no joined copy)."""
-    total = sum(len(c) for c in chunks)
-    written = os.pwritev(fd, chunks, offset)
-    if written != total:  # a regular file takes it all unless the disk is full; finish with plain writes
-        data = b"".join(chunks)[written:]
-        while data:
-            n = os.pwrite(fd, data, offset + written)
-            written += n
-            data = data[n:]
+    """Write ``chunks`` one after another at ``offset`` of ``fd``, no joined copy: one system call per
+    :data:`WRITE_MAX`-aligned stretch of the file."""
+    pending: list[memoryview] = []
+    start = offset
+    end = (offset // WRITE_MAX + 1) * WRITE_MAX  # where the stretch being gathered ends
+    for chunk in chunks:
+        view = memoryview(chunk)
+        while view:
+            piece, view = view[:end - offset], view[end - offset:]
+            pending.append(piece)
+            offset += len(piece)
+            if offset == end:
+                _write_all(fd, pending, start)
+                pending, start, end = [], offset, end + WRITE_MAX
+    if pending:
+        _write_all(fd, pending, start)
+
+
+def _write_all(fd: int, pieces: list[memoryview], offset: int) -> None:
+    """``os.pwritev`` of ``pieces`` at ``offset``, finished with plain writes if it falls short (a full disk)."""
+    total = sum(len(p) for p in pieces)
+    written = os.pwritev(fd, pieces, offset)
+    if written != total:  # a regular file takes it all unless the disk is full
+        data = memoryview(b"".join(pieces))
+        while written < total:
+            written += os.pwrite(fd, data[written:], offset + written)
 
 
 def verify_fd(fd: int, checksum: str, url: str, expected_size: int, digest: str | None = None) -> str | None:
