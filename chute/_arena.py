@@ -57,12 +57,17 @@ view in another process, and there is no device copy to wait for.
 
 from __future__ import annotations
 
+import mmap
 import weakref
 from collections import OrderedDict, deque
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+#: Blocks of at least this many bytes are mapped on their own, in small pages (numpy asks for transparent huge
+#: pages at 4 MiB and more).
+OWN_MAPPING = 4 << 20
 
 Key = tuple[tuple[int, ...], Any]  # (shape, dtype): a numpy dtype for lent blocks, a torch dtype for guarded ones
 
@@ -225,4 +230,22 @@ class Arena:
         self.allocated += 1
         if self.pin:
             return torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True).numpy()
+        return small_pages(shape, dtype)
+
+
+def small_pages(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised array of ``shape`` and ``dtype``; from :data:`OWN_MAPPING` bytes up, an anonymous
+    mapping of its own in small pages, freed with the array.
+
+    numpy asks the kernel for transparent huge pages for arrays of 4 MiB and more. A huge page takes a
+    whole 2 MiB free block, and on a VM whose host takes back the free blocks the guest reports (free page
+    reporting), every page of it faults on the host the first time it is written: a new Loader's first
+    pass paid several times the CPU per byte of its later passes for its batch blocks (docs/remote.md,
+    "Performance"). Small pages come from the small free blocks first. The arena reuses its blocks, so
+    what huge pages save (one fault per 2 MiB) is paid once per block either way.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if nbytes < OWN_MAPPING or dtype.hasobject:
         return np.empty(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)

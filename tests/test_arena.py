@@ -91,3 +91,41 @@ def test_a_lent_block_is_reused_only_once_no_tensor_uses_its_memory():
     assert again.data_ptr() in (first, second) and arena.allocated == 2
     arena.trim(keep=0)
     assert arena.free == 0 and arena.out == 1
+
+
+def _mapping(array: np.ndarray) -> object:
+    """The object that owns ``array``'s memory (down its chain of bases)."""
+    owner: object = array
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    return owner.obj if isinstance(owner, memoryview) else owner
+
+
+def test_large_lent_blocks_are_mappings_of_their_own_reused_and_freed_when_forgotten():
+    """A block of OWN_MAPPING bytes or more is an anonymous mapping of its own (small pages, not numpy's huge
+    pages), one memory with its tensor, reused once dropped, and unmapped once the arena forgets it."""
+    import mmap
+    import weakref
+
+    from chute._arena import OWN_MAPPING
+
+    arena = Arena()
+    big_key, small_key = ((4, OWN_MAPPING // 4), np.dtype(np.uint8)), ((4,), np.dtype(np.float32))
+    (big, small), (big_t, small_t) = arena.take_all((big_key, small_key), 2)
+    mapping = _mapping(big)
+    assert isinstance(mapping, mmap.mmap) and len(mapping) == OWN_MAPPING
+    assert not isinstance(_mapping(small), mmap.mmap)
+    assert big.shape == big_key[0] and big.dtype == np.uint8 and big.flags.writeable
+    big_t.fill_(7)
+    assert int(big[3, -1]) == 7 and int(big.sum()) == 7 * OWN_MAPPING
+    address = big.ctypes.data
+    gone = weakref.ref(mapping)
+    del big, small, big_t, small_t, mapping
+    gc.collect()
+    (again,), _ = arena.take_all((big_key,), 1)
+    assert again.ctypes.data == address and arena.allocated == 2
+    del again, _
+    gc.collect()
+    arena.trim(0)
+    gc.collect()
+    assert gone() is None
