@@ -241,11 +241,13 @@ def small_pages(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     whole 2 MiB free block, and on a VM whose host takes back the free blocks the guest reports (free page
     reporting), every page of it faults on the host the first time it is written: a new Loader's first
     pass paid several times the CPU per byte of its later passes for its batch blocks (docs/remote.md,
-    "Performance"). Small pages come from the small free blocks first. The arena reuses its blocks, so
-    what huge pages save (one fault per 2 MiB) is paid once per block either way.
+    "Performance"). Small pages come from the small free blocks first. What huge pages save where free
+    memory stays with the machine (a fault per 4 KiB instead of one per 2 MiB) is paid once per block:
+    the arena reuses its blocks.
     """
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
     if nbytes < OWN_MAPPING or dtype.hasobject:
         return np.empty(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
+    # private (as malloc's): a forked child writes its own copy, never the parent's block
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype).reshape(shape)

@@ -105,6 +105,7 @@ def test_large_lent_blocks_are_mappings_of_their_own_reused_and_freed_when_forgo
     """A block of OWN_MAPPING bytes or more is an anonymous mapping of its own (small pages, not numpy's huge
     pages), one memory with its tensor, reused once dropped, and unmapped once the arena forgets it."""
     import mmap
+    import os
     import weakref
 
     from chute._arena import OWN_MAPPING
@@ -119,6 +120,12 @@ def test_large_lent_blocks_are_mappings_of_their_own_reused_and_freed_when_forgo
     big_t.fill_(7)
     assert int(big[3, -1]) == 7 and int(big.sum()) == 7 * OWN_MAPPING
     address = big.ctypes.data
+    child = os.fork()  # a forked child (a worker process) writes its own copy, never the parent's block
+    if child == 0:
+        big.fill(9)
+        os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    assert int(big.max()) == 7
     gone = weakref.ref(mapping)
     del big, small, big_t, small_t, mapping
     gc.collect()
