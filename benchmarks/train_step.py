@@ -37,8 +37,17 @@ Every configuration runs in a fresh process, round-robin over --repeats rounds;
 the table shows medians. ``--burners 2`` runs everything again beside two
 CPU-burning processes (a busy machine).
 
+``--paired`` measures short passes only, every configuration in one process
+(each fed as above, made once), taking turns pass by pass for --repeats rounds:
+on a machine other jobs share, whose speed drifts by tens of percent from one
+minute to the next, configurations a minute apart in fresh processes are not
+compared like for like; passes a second apart are. Its tables are
+``<workload>-<load>-paired``; the settings chute's rows ended with (threads,
+prefetch) are kept in the JSON.
+
     python benchmarks/train_step.py --repeats 5
     python benchmarks/train_step.py --only w2 --burners 2 --repeats 5
+    python benchmarks/train_step.py --only w2 --burners 2 --paired --repeats 15
 """
 
 from __future__ import annotations
@@ -125,7 +134,7 @@ def _w2_feeders(data_dir: str, config: str, batch: int, short_batches: int):
         return cycle, cycle, steps, lambda: None
     if config == "chute":
         loader = chute.Loader(ds, batch, shuffle=True, seed=0)
-        return lambda: iter(loader), lambda: iter(loader), steps, loader.close
+        return _with_loader(lambda: iter(loader), loader), lambda: iter(loader), steps, loader.close
     long_loader = _torch.memmap_loader(raw, True, batch, config)
     short_loader = _torch.memmap_loader(raw, True, batch, config, num_samples=short_batches * batch)
     return lambda: iter(short_loader), lambda: iter(long_loader), steps, lambda: None
@@ -151,7 +160,7 @@ def _w4_feeders(data_dir: str, config: str, batch: int, short_batches: int):
     if config in ("chute", "chute-images"):
         transform = decode_sample if config == "chute" else chute.images.Decode("jpeg", chute.images.RandomCrop(224))
         loader = chute.Loader(ds, batch, shuffle=True, seed=0, transform=transform)
-        return lambda: iter(loader), lambda: iter(loader), steps, loader.close
+        return _with_loader(lambda: iter(loader), loader), lambda: iter(loader), steps, loader.close
     workers = int(config.split("-")[-1])
     dataset = JpegBlobDataset(blob, offsets)
     long_loader = _torch.loader(dataset, batch, workers, False)
@@ -180,6 +189,56 @@ def _one(args: argparse.Namespace) -> None:
     workload, config = args.one
     out = measure(workload, config, args.data_dir, args.gil_ms, args.wait_ms, args.short_s, args.short_passes)
     print("RESULT " + json.dumps(out))
+
+
+def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Every configuration in this process, one short pass each in turn, ``--repeats`` rounds: the rates."""
+    gil_s, wait_s = args.gil_ms / 1e3, args.wait_ms / 1e3
+    short_steps = max(1, round(args.short_s / (gil_s + wait_s)))
+    make = _w2_feeders if workload == "w2" else _w4_feeders
+    feeders, settings = {}, {}
+    for config in CONFIGS[workload]:
+        short_iter, _, _, close = make(args.data_dir, config, BATCH[workload], short_steps)
+        run_passes(short_iter, min(5, short_steps), 1, gil_s, wait_s)  # workers started, imports done
+        feeders[config] = (short_iter, close)
+    runs: dict[str, list[float]] = {c: [] for c in feeders}
+    burners = _burners(args.burners)
+    try:
+        for r in range(args.repeats):
+            for config, (short_iter, _) in feeders.items():
+                runs[config] += run_passes(short_iter, short_steps, 1, gil_s, wait_s)
+            print(f"{workload} round {r + 1}/{args.repeats}: " + " ".join(f"{c} {v[-1]:.1f}" for c, v in runs.items()), flush=True)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    for config, (short_iter, close) in feeders.items():
+        loader = getattr(short_iter, "loader", None)
+        if loader is not None:
+            s = loader.report().settings
+            settings[config] = {"threads": s["num_threads"], "prefetch": s["prefetch"]}
+        close()
+    med = {c: statistics.median(v) for c, v in runs.items()}
+    torch_best = max(v for c, v in med.items() if c.startswith("torch"))
+    load = f"beside {args.burners} CPU burners" if args.burners else "no burners"
+    rows = [{"label": label(workload, c), "config": c, "short_steps_per_s": m, "short_ratio_memory": m / med["memory"],
+             "short_ratio_torch": m / torch_best, "short_runs": runs[c], **({"settings": settings[c]} if c in settings else {})}
+            for c, m in med.items()]
+    where = "; ".join(f"{c}: threads {s['threads']}, prefetch {s['prefetch']}" for c, s in settings.items())
+    return {
+        "title": f"{workload.upper()}, batch {BATCH[workload]}, step {args.gil_ms:g} ms GIL + {args.wait_ms:g} ms wait, {load}, paired",
+        "columns": [["short_steps_per_s", f"steps/s, {args.short_s:g} s passes", ",.1f"], ["short_ratio_memory", "/ memory", ".3f"],
+                    ["short_ratio_torch", "/ best torch", ".2f"]],
+        "rows": rows,
+        "notes": f"Medians of {args.repeats} rounds in one process, each configuration one pass of {short_steps} steps from a "
+                 f"fresh iter() in turn; at the end {where}.",
+    }
+
+
+def _with_loader(make_iter, loader):
+    """``make_iter`` that also names the Loader it iterates (for the settings it ended with)."""
+    make_iter.loader = loader
+    return make_iter
 
 
 def _burners(n: int) -> list[subprocess.Popen]:
@@ -232,6 +291,7 @@ def main() -> None:
     parser.add_argument("--wait-ms", type=float, default=6.0, help="wait with the GIL released per step (default 6)")
     parser.add_argument("--short-s", type=float, default=1.0, help="length of a short pass in seconds (default 1)")
     parser.add_argument("--short-passes", type=int, default=5, help="short passes per run (default 5)")
+    parser.add_argument("--paired", action="store_true", help="short passes of every configuration in one process, in turn")
     parser.add_argument("--no-save", action="store_true", help="print only (a trial run)")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -240,6 +300,18 @@ def main() -> None:
     os.makedirs(args.data_dir, exist_ok=True)
     load = f"beside {args.burners} CPU burners" if args.burners else "quiet"
     tables = {}
+    if args.paired:
+        for workload in args.only or sorted(CONFIGS):
+            _run(workload, "memory", args)  # builds the data outside any clock
+            t = paired(workload, args)
+            tables[f"{workload}-{'burners' if args.burners else 'quiet'}-paired"] = t
+            for row in t["rows"]:
+                print(f"  {row['label']:<70} short {row['short_ratio_memory']:.3f}x memory {row['short_ratio_torch']:.2f}x torch")
+        if not args.no_save:
+            from _results import save
+
+            save("train_step", tables)
+        return
     for workload in args.only or sorted(CONFIGS):
         _run(workload, "memory", args)  # builds the data outside any clock
         burners = _burners(args.burners)
