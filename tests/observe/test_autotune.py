@@ -528,21 +528,31 @@ def test_io_bound_converges_to_the_thread_count_computed_by_hand_past_the_cpu_co
         time.sleep(STEP_S)
 
 
+def batches_until_judged(loader: chute.Loader, at_least: int, steps: int, passes: int = 4):
+    """The running count of the batches ``loader`` delivers, pass after pass (its tuner lives for the Loader),
+    until ``at_least`` batches are past and its tuner has judged ``steps`` steps, or ``passes`` passes ended."""
+    policy, i = loader._meter.tuner.policy, -1
+    for _ in range(passes):
+        for batch in loader:
+            i += 1
+            del batch
+            yield i
+            if i >= at_least and len(policy.steps) >= steps:
+                return
+
+
 def test_never_exceeds_its_thread_and_memory_budgets(ds):
     row_bytes = 4 * 4 + 8  # float32[4] + int64 id
     budget = 3 * BATCH * row_bytes  # three batches in flight
     loader = chute.Loader(ds, BATCH, transform=decode, workers=chute.Workers(max_count=2, max_prefetch_bytes=budget))
     worst_threads = worst_in_flight = 0
     policy = loader._meter.tuner.policy
-    for i, _ in enumerate(loader):
+    # until the tuner judged its step 1 -> 2: on a busy machine the CPU budget reads as full, and the step is
+    # the once-measured probe (10 windows of baseline first, then maybe a re-measure), not a quick one
+    for i in batches_until_judged(loader, 150, 1):
         run = loader._pass
         worst_threads = max(worst_threads, run.executor.threads, live_threads())
         worst_in_flight = max(worst_in_flight, run.in_flight)
-        # until the tuner judged its step 1 -> 2: on a busy machine the CPU budget reads as full, and the step is
-        # the once-measured probe (10 windows of baseline first, then maybe a re-measure), not a quick one
-        if i >= 150 and policy.steps:
-            break
-    del _
     report = loader.report()
     assert worst_threads <= 2
     assert report.settings["num_threads"] == 2  # the loop waits: it used the whole CPU budget
@@ -550,7 +560,7 @@ def test_never_exceeds_its_thread_and_memory_budgets(ds):
     assert report.settings["prefetch"] <= 3
     assert any("thread budget of 2" in d.reason for d in report.decisions)
     # the advice: what the measured step 1 -> 2 did, and how to let the tuner measure a third thread
-    assert policy.steps, f"no step judged in a pass of {i + 1} batches: {report.decisions}"
+    assert policy.steps, f"no step judged in {i + 1} batches: {report.decisions}"
     step = policy.steps[0]
     assert step.change == "threads 1 -> 2" and step.kept
     assert report.what_if is not None and report.what_if.startswith(f"measured: {step.describe()}")
@@ -560,10 +570,8 @@ def test_never_exceeds_its_thread_and_memory_budgets(ds):
 def test_the_measured_step_the_advice_names_is_the_next_one_the_tuner_takes(ds):
     # the same work with the cap raised to 3: the tuner's next measured step is exactly the one the advice named
     loader = chute.Loader(ds, BATCH, transform=decode, workers=chute.Workers(max_count=3))
-    for i, _ in enumerate(loader):
-        if i >= 200 and len(loader._meter.tuner.policy.steps) >= 2:  # judged steps, however long a busy machine takes
-            break
-    del _
+    for _ in batches_until_judged(loader, 200, 2):  # judged steps, however long a busy machine takes
+        pass
     steps = [s.change for s in loader._meter.tuner.policy.steps]
     assert steps[:2] == ["threads 1 -> 2", "threads 2 -> 3"], steps
     assert "measured: threads 2 -> 3" in loader.report().what_if
@@ -579,11 +587,17 @@ def python_loop(sample):
 
 def test_gil_bound_work_keeps_only_threads_that_measurably_helped(ds):
     loader = chute.Loader(ds, BATCH, transform=python_loop)
-    for _ in loader:
-        pass  # no compute: the loop waits for every batch
     policy = loader._meter.tuner.policy
-    steps = list(policy.steps)
-    assert steps, "the tuner measured nothing"
+    try:
+        for passes in range(1, 5):  # the tuner lives for the Loader: passes until it has judged a step (a busy
+            for _ in loader:        # machine can hold its baseline windows past one pass of 300 batches)
+                pass  # no compute: the loop waits for every batch
+            if policy.steps:
+                break
+        steps = list(policy.steps)
+        assert steps, f"the tuner judged no step in {passes} passes: {loader.report().decisions}"
+    finally:
+        loader.close()
     # whatever the machine's load: a change is kept only when it measurably helped, and the threads
     # reached are exactly the ones kept that way. (How many that is depends on what was measured: on
     # a machine whose other load drops mid-run a fourth thread once measured +10% and was kept; the
