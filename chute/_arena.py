@@ -57,6 +57,7 @@ view in another process, and there is no device copy to wait for.
 
 from __future__ import annotations
 
+import math
 import mmap
 import weakref
 from collections import OrderedDict, deque
@@ -246,7 +247,7 @@ def small_pages(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     the arena reuses its blocks.
     """
     dtype = np.dtype(dtype)
-    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    nbytes = dtype.itemsize * math.prod(map(int, shape))
     if nbytes < OWN_MAPPING or dtype.hasobject:
         return np.empty(shape, dtype)
     # private (as malloc's): a forked child writes its own copy, never the parent's block

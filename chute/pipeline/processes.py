@@ -278,40 +278,57 @@ class _Kept:
     job returns, and the pool starts another for the next pass.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, wake: bool = False) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.done: queue.SimpleQueue = queue.SimpleQueue()
-        self.wake = os.pipe()
-        self.close_pipe = weakref.finalize(self, _close_fds, *self.wake)
-        self.thread = threading.Thread(target=_serve, args=(self.jobs, self.done), name=name, daemon=True)
+        self.returns = _Returns()
+        self.given = 0  # jobs handed to the thread; it has returned from ``returns.count`` of them
+        self.wake = os.pipe() if wake else None  # only the receiver waits on a pipe
+        self.close_pipe = weakref.finalize(self, _close_fds, *(self.wake or ()))
+        # (the thread holds the queue and the tally, never this object: a dropped pool's finalizer can run)
+        self.thread = threading.Thread(target=_serve, args=(self.jobs, self.returns), name=name, daemon=True)
         self.thread.start()
 
     def run(self, job: Callable[[], None]) -> None:
         """Run ``job`` next (after the job before it has returned)."""
+        self.given += 1
         self.jobs.put(job)
 
     def wait(self, timeout: float) -> bool:
-        """Whether the job given last has returned, waiting at most ``timeout`` seconds."""
+        """Whether every job given so far has returned, waiting at most ``timeout`` seconds."""
         if not self.thread.is_alive():  # (a forked child's copy of its parent's thread: no job runs here)
             return True
-        try:
-            self.done.get(timeout=max(0.0, timeout))
-        except queue.Empty:
-            return False
-        return True
+        return self.returns.reach(self.given, max(0.0, timeout))
 
     def stop(self, timeout: float | None = None) -> bool:
         """The thread exits once its job (if any) has returned; with ``timeout``, wait for it: whether it has exited."""
         self.jobs.put(None)
-        with contextlib.suppress(OSError):
-            os.write(self.wake[1], b"!")
+        if self.wake is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.wake[1], b"!")
         if timeout is None or self.thread is threading.current_thread():
             return False
         self.thread.join(timeout)
         return not self.thread.is_alive()
 
 
-def _serve(jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
+class _Returns:
+    """How many jobs a kept thread has returned from, and a wait for a number of them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._cond = threading.Condition()
+
+    def add(self) -> None:
+        with self._cond:
+            self.count += 1
+            self._cond.notify_all()
+
+    def reach(self, count: int, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.count >= count, timeout)
+
+
+def _serve(jobs: queue.SimpleQueue, returns: _Returns) -> None:
     """A kept thread's body: run each job until the ``None`` that stops it."""
     while (job := jobs.get()) is not None:
         try:
@@ -319,7 +336,7 @@ def _serve(jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
         except BaseException:  # noqa: BLE001 - a job reports its own failures (to its pass); the thread stays
             log.exception("chute: a worker-process pass's %s failed", threading.current_thread().name)
         job = None  # nothing of the pass is kept while idle
-        done.put(True)
+        returns.add()
 
 
 def _close_fds(*fds: int) -> None:
@@ -383,6 +400,7 @@ class _PassRun:
             self._steps = (run.indices, run.dataset.shards_of)
             self.gate = pool._kept_thread("g")
         self.receiver = pool._kept_thread("r")
+        assert self.receiver.wake is not None
         self._wake_r, self._wake_w = self.receiver.wake
         if self.gate is not None:
             self.gate.run(self._gate)
@@ -744,7 +762,7 @@ class ProcessPool:
         which has none of its parent's threads, and after one was left behind)."""
         kept = self._kept.get(kind)
         if kept is None or not kept.thread.is_alive():
-            kept = self._kept[kind] = _Kept(f"chute-procs-{kind}{self.rank}")
+            kept = self._kept[kind] = _Kept(f"chute-procs-{kind}{self.rank}", wake=kind == "r")
         return kept
 
     def _leave_behind(self, kept: _Kept) -> None:

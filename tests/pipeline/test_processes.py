@@ -501,3 +501,22 @@ def test_a_forked_child_starts_workers_of_its_own_and_leaves_its_parents_alone(d
         assert os.waitstatus_to_exitcode(status) == 0
         rest = list(it)  # the parent's pass goes on where it was, on its own workers
         assert len(rest) == N // BATCH - 1 and set(worker_pids()) == pids
+
+
+def test_a_kept_thread_waits_for_its_last_job_even_after_a_wait_gave_up():
+    """A wait that gave up on a slow job is not answered, at the next job's wait, by that job's return."""
+    from chute.pipeline.processes import _Kept
+
+    kept = _Kept("chute-test-kept")
+    slow, release, second = threading.Event(), threading.Event(), threading.Event()
+    kept.run(lambda: (slow.set(), release.wait(10)))
+    assert slow.wait(10)
+    assert not kept.wait(0.01)  # gave up: the slow job still runs
+    release.set()
+    assert kept.returns.reach(1, 10)  # the slow job has returned
+    kept.run(lambda: second.wait(10))
+    assert not kept.wait(0.05)  # the second has not
+    second.set()
+    assert kept.wait(10)
+    assert kept.wake is None  # only a receiver gets a wake-up pipe
+    assert kept.stop(10)
