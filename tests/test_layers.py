@@ -20,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "chute"
 
 #: Lowest first. ``_x`` are top-level modules (``chute/_x.py``); a package is its folder.
 LAYERS: list[set[str]] = [
-    {"errors", "_lazy", "_sizes", "_bounded", "_paths", "_native", "_jpeg", "_channel", "_arena", "_version", "__version__", "_deprecation", "_state"},  # leaves: no chute import at all
+    {"errors", "_lazy", "_sizes", "_bounded", "_paths", "_native", "_jpeg", "_channel", "_arena", "_version", "__version__", "_deprecation", "_state", "_sched"},  # leaves: no chute import at all
     {"order", "observe"},  # pure order; measurement, watchdog, hooks (every layer may report to them)
     {"format"},  # shards: schema, writer, reader
     {"storage"},  # where shards come from: local, remote through the node cache, progressive

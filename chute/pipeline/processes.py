@@ -87,6 +87,7 @@ from multiprocessing import connection, resource_tracker
 from typing import Any
 
 from chute._channel import Failure
+from chute._sched import background
 from chute.errors import ChuteError
 from chute.format.schema import FIXED_SIZE
 from chute.pipeline.shm import ALIGN, Ring, slot_bytes
@@ -330,6 +331,7 @@ class _Returns:
 
 def _serve(jobs: queue.SimpleQueue, returns: _Returns) -> None:
     """A kept thread's body: run each job until the ``None`` that stops it."""
+    background()  # woken by the loop's submit: it never preempts the loop (chute._sched)
     while (job := jobs.get()) is not None:
         try:
             job()

@@ -45,6 +45,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from chute._channel import Channel, Failure
+from chute._sched import background
 
 if TYPE_CHECKING:
     from chute.observe.counters import StageCounter
@@ -124,6 +125,7 @@ def _leave(shared: _Shared, me: threading.Thread) -> bool:
 
 
 def _work(shared: _Shared, stage: StageCounter | None) -> None:
+    background()  # a woken worker never preempts the training loop (chute._sched)
     clock = time.perf_counter_ns
     me = threading.current_thread()
     ident = threading.get_ident()

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from chute._arena import Arena
+from chute._sched import background
 from chute.errors import ChuteError
 from chute.pipeline.indices import BatchIndices
 from chute.pipeline.shm import Segment
@@ -50,6 +51,7 @@ def worker_main(conn: connection.Connection, setup: bytes, stacks: connection.Co
     if stacks is not None and STACK_SIGNAL is not None:
         faulthandler.register(STACK_SIGNAL, file=stacks.fileno(), all_threads=True, chain=False)
     torch.set_num_threads(1)  # workers x intra-op threads would oversubscribe the cores
+    background()  # the whole process (its threads inherit it): it never preempts the training loop (chute._sched)
     try:
         try:
             builder = Builder(*pickle.loads(setup))

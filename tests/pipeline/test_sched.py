@@ -1,0 +1,82 @@
+"""chute's own threads and worker processes are batch work: a woken worker never preempts the training loop.
+
+(chute._sched: Linux's SCHED_BATCH class, same CPU share, no wake-up
+preemption; the loop's own thread keeps the class it had.)
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import chute
+
+linux_only = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="needs Linux's SCHED_BATCH (os.sched_getscheduler)")
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sched") / "ds"
+    chute.write(({"x": np.full(4, i, np.int32), "id": i} for i in range(96)), path, shard_size=400)
+    return path
+
+
+def _classes(prefix: str) -> dict[str, int]:
+    return {t.name: os.sched_getscheduler(t.native_id) for t in threading.enumerate() if t.name.startswith(prefix)}
+
+
+@linux_only
+def test_worker_threads_are_batch_work_and_the_loop_keeps_its_class(ds):
+    before = os.sched_getscheduler(0)
+    with chute.Loader(chute.open(ds), 8, shuffle=True, seed=1, workers=2) as loader:
+        ids = [int(i) for b in loader for i in b["id"]]
+        classes = _classes("chute-loader")
+    assert sorted(ids) == list(range(96))
+    assert len(classes) == 2 and set(classes.values()) == {os.SCHED_BATCH}, classes
+    assert os.sched_getscheduler(0) == before  # the training loop's thread is left as it was
+
+
+@linux_only
+def test_worker_processes_and_their_receiver_are_batch_work(ds):
+    with chute.Loader(chute.open(ds), 8, workers=chute.Workers("processes", count=2)) as loader:
+        ids = [int(i) for b in loader for i in b["id"]]
+        workers = [p.pid for p in multiprocessing.active_children() if p.name.startswith("chute-worker")]
+        assert len(workers) == 2
+        assert {os.sched_getscheduler(pid) for pid in workers} == {os.SCHED_BATCH}
+        assert set(_classes("chute-procs-r").values()) == {os.SCHED_BATCH}
+    assert ids == list(range(96))
+
+
+@linux_only
+def test_chute_thread_policy_normal_keeps_the_default_class(ds):
+    code = textwrap.dedent(f"""
+        import os, threading, chute
+        loader = chute.Loader(chute.open({str(ds)!r}), 8, workers=2)
+        assert sum(int(b["id"].sum()) for b in loader) == sum(range(96))
+        print(sorted(os.sched_getscheduler(t.native_id) for t in threading.enumerate() if t.name.startswith("chute-loader")))
+        loader.close()
+    """)
+    env = dict(os.environ, CHUTE_THREAD_POLICY="normal")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == [f"[{os.SCHED_OTHER},", f"{os.SCHED_OTHER}]"]
+
+
+def test_a_platform_or_sandbox_that_refuses_the_class_changes_nothing(monkeypatch):
+    from chute import _sched
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(_sched, "_ENABLED", True)
+    monkeypatch.setattr(_sched, "_BATCH", 3)
+    monkeypatch.setattr(os, "sched_setscheduler", refuse, raising=False)
+    assert _sched.background() is False
+    monkeypatch.setattr(_sched, "_ENABLED", False)
+    assert _sched.background() is False
