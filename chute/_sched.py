@@ -8,10 +8,16 @@ pays two context switches and a cold cache for nothing, on every batch.
 Under ``SCHED_BATCH`` a thread is scheduled as before and gets the same share
 of the CPU under contention, but its wake-up never preempts a running thread:
 it runs on an idle CPU at once, or when the running thread's time slice ends.
-That is the right class for work that is done ahead of need (building
-batches, copying them, downloading shards): no thread of chute waits for
-latency, the prefetch depth covers it. No privilege is needed to lower a
-thread to it. Elsewhere (macOS, Windows) nothing changes.
+That is the right class for work done ahead of need, as long as the work
+computes: a thread whose tasks mostly wait (a transform that reads a file or
+a socket sample by sample) wakes many times per task, and on a machine whose
+CPUs are all busy each of those wake-ups would wait for a time slice to end.
+:class:`Adaptive` keeps a worker thread in the batch class while its tasks
+compute and moves it back to the default class while they mostly wait, many
+times per task (a wait for the GIL, once or twice a task, does not count: a
+woken thread that preempts the loop only to wait for the GIL is what the
+batch class avoids). No privilege is needed to move a thread between the two. Elsewhere (macOS,
+Windows) nothing changes.
 
 ``CHUTE_THREAD_POLICY=normal`` in the environment keeps chute's threads in
 the default class (to compare, or where a scheduler treats the class
@@ -21,17 +27,64 @@ differently).
 from __future__ import annotations
 
 import os
+import time
 
 _BATCH = getattr(os, "SCHED_BATCH", None)
+_OTHER = getattr(os, "SCHED_OTHER", 0)
 _ENABLED = _BATCH is not None and os.environ.get("CHUTE_THREAD_POLICY", "batch") != "normal"
+
+#: Tasks between two looks at how much of a worker's task time was CPU time.
+CHECK_EVERY = 8
+#: Blocking waits per task beyond which a task that is mostly waiting reads and sleeps (not the GIL).
+WAITS = 4
 
 
 def background() -> bool:
     """Put the calling thread (on Linux: the thread, not the process) in the batch class; whether it is."""
-    if not _ENABLED:
-        return False
+    return _ENABLED and _set(_BATCH)
+
+
+def _set(policy: int | None) -> bool:
     try:
-        os.sched_setscheduler(0, _BATCH, os.sched_param(0))  # type: ignore[arg-type]
-    except (OSError, AttributeError):  # a sandbox that forbids it, or a platform without it
+        os.sched_setscheduler(0, policy, os.sched_param(0))  # type: ignore[arg-type]
+    except (OSError, AttributeError, TypeError):  # a sandbox that forbids it, or a platform without it
         return False
     return True
+
+
+class Adaptive:
+    """A worker thread's class, from what its tasks do: batch while they compute, the default while they mostly wait.
+
+    The thread starts in the batch class. Every :data:`CHECK_EVERY` tasks it
+    calls :meth:`check` with the wall time its tasks took: if less than half
+    of it was the thread's own CPU time and the thread blocked more than
+    :data:`WAITS` times a task (its voluntary context switches), the tasks
+    read or sleep and the thread goes back to the default class, whose
+    wake-ups preempt; once they compute again, it returns to the batch class.
+    ``active`` is False where the class cannot be set (then nobody calls).
+    """
+
+    __slots__ = ("active", "batch", "_cpu_ns", "_waits")
+
+    def __init__(self) -> None:
+        self.batch = self.active = background()
+        self._cpu_ns = time.thread_time_ns()
+        self._waits = _waits()
+
+    def check(self, busy_ns: int) -> None:
+        """The last :data:`CHECK_EVERY` tasks took ``busy_ns`` of wall time: move the thread if what they do changed."""
+        cpu, waits = time.thread_time_ns(), _waits()
+        reading = 2 * (cpu - self._cpu_ns) < busy_ns and waits - self._waits > WAITS * CHECK_EVERY
+        self._cpu_ns, self._waits = cpu, waits
+        if reading == self.batch and _set(_OTHER if reading else _BATCH):
+            self.batch = not reading
+
+
+def _waits() -> int:
+    """The calling thread's voluntary context switches so far (Linux; 0 elsewhere)."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    except (ImportError, AttributeError, OSError):
+        return 0

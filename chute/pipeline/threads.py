@@ -45,7 +45,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from chute._channel import Channel, Failure
-from chute._sched import background
+from chute._sched import CHECK_EVERY, Adaptive
 
 if TYPE_CHECKING:
     from chute.observe.counters import StageCounter
@@ -125,8 +125,9 @@ def _leave(shared: _Shared, me: threading.Thread) -> bool:
 
 
 def _work(shared: _Shared, stage: StageCounter | None) -> None:
-    background()  # a woken worker never preempts the training loop (chute._sched)
     clock = time.perf_counter_ns
+    sched = Adaptive()  # batch class while the tasks compute: a woken worker never preempts the loop (chute._sched)
+    tasks, tasks_ns = 0, 0
     me = threading.current_thread()
     ident = threading.get_ident()
     cell = stage.cell() if stage is not None else None
@@ -160,6 +161,12 @@ def _work(shared: _Shared, stage: StageCounter | None) -> None:
                 item, end = Failure(exc), clock()
             put(step, item)  # type: ignore[misc]
             item = None  # do not keep the last batch alive while idle
+            if sched.active:
+                tasks += 1
+                tasks_ns += end - start
+                if tasks == CHECK_EVERY:
+                    sched.check(tasks_ns)
+                    tasks, tasks_ns = 0, 0
             if cell is not None:
                 cell.wait_out_ns += start - idle
                 cell.busy_ns += end - start

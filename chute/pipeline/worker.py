@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from chute._arena import Arena
-from chute._sched import background
+from chute._sched import CHECK_EVERY, Adaptive
 from chute.errors import ChuteError
 from chute.pipeline.indices import BatchIndices
 from chute.pipeline.shm import Segment
@@ -51,7 +51,6 @@ def worker_main(conn: connection.Connection, setup: bytes, stacks: connection.Co
     if stacks is not None and STACK_SIGNAL is not None:
         faulthandler.register(STACK_SIGNAL, file=stacks.fileno(), all_threads=True, chain=False)
     torch.set_num_threads(1)  # workers x intra-op threads would oversubscribe the cores
-    background()  # the whole process (its threads inherit it): it never preempts the training loop (chute._sched)
     try:
         try:
             builder = Builder(*pickle.loads(setup))
@@ -122,6 +121,8 @@ def serve(conn: connection.Connection, builder: Builder) -> None:
     segments: dict[int, Segment] = {}
     inbox: collections.deque[tuple] = collections.deque()
     cancelled = 0  # tasks of passes up to this one are not run
+    sched = Adaptive()  # batch class while the tasks compute: a woken worker never preempts the loop (chute._sched)
+    tasks, tasks_ns = 0, 0
     try:
         while True:
             # Read everything already sent, so a cancel or stop queued behind tasks takes effect now.
@@ -144,9 +145,16 @@ def serve(conn: connection.Connection, builder: Builder) -> None:
                 if segment is not None:
                     segment.close(unlink=False)
                 segment = segments[slot] = Segment(name, size, create=False)
+            began = time.perf_counter_ns()
             reply = run(builder, epoch, start, step, segment)
             conn.send(("reply", pass_id, step, slot, reply))
             del reply
+            if sched.active:
+                tasks += 1
+                tasks_ns += time.perf_counter_ns() - began
+                if tasks == CHECK_EVERY:
+                    sched.check(tasks_ns)
+                    tasks, tasks_ns = 0, 0
     finally:
         for segment in segments.values():
             segment.close(unlink=False)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -41,6 +42,46 @@ def test_worker_threads_are_batch_work_and_the_loop_keeps_its_class(ds):
     assert sorted(ids) == list(range(96))
     assert len(classes) == 2 and set(classes.values()) == {os.SCHED_BATCH}, classes
     assert os.sched_getscheduler(0) == before  # the training loop's thread is left as it was
+
+
+def _wait(sample):
+    time.sleep(0.001)  # a read sample by sample: the task mostly waits
+    return sample
+
+
+@linux_only
+def test_worker_threads_whose_tasks_mostly_wait_go_back_to_the_default_class(ds):
+    with chute.Loader(chute.open(ds), 8, transform=_wait, workers=1) as loader:
+        passes = [[int(i) for b in loader for i in b["id"]] for _ in range(2)]  # 24 tasks: 3 looks at them
+        classes = _classes("chute-loader")
+    assert passes == [list(range(96))] * 2
+    assert list(classes.values()) == [os.SCHED_OTHER], classes
+
+
+def test_a_thread_moves_between_the_classes_as_its_tasks_change(monkeypatch):
+    from chute import _sched
+
+    cpu, waits, moves = [0], [0], []
+    monkeypatch.setattr(_sched, "_ENABLED", True)
+    monkeypatch.setattr(_sched, "_BATCH", 3)
+    monkeypatch.setattr(_sched.time, "thread_time_ns", lambda: cpu[0])
+    monkeypatch.setattr(_sched, "_waits", lambda: waits[0])
+    monkeypatch.setattr(_sched, "_set", lambda policy: moves.append(policy) or True)
+    adaptive = _sched.Adaptive()
+    assert adaptive.active and adaptive.batch and moves == [3]
+    many = _sched.WAITS * _sched.CHECK_EVERY + 1
+    for share, blocked, batch in [
+        (600, many, True),  # 60% of the tasks' time computing: stays
+        (400, 2 * _sched.CHECK_EVERY, True),  # waiting, but twice a task: the GIL, not reads; stays
+        (400, many, False),  # waiting, blocked many times a task: reads or sleeps; the default class
+        (100, many, False),  # still: no call
+        (900, many, True),  # computing again
+    ]:
+        cpu[0] += share
+        waits[0] += blocked
+        adaptive.check(1000)
+        assert adaptive.batch is batch
+    assert moves == [3, _sched._OTHER, 3]
 
 
 @linux_only
