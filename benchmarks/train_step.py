@@ -16,6 +16,8 @@ so its rate is the step's own. Each feeder is measured as that rate's fraction:
                  W4: the same per-sample decode function as torch's rows
   chute-images   W4: chute.images.Decode("jpeg", RandomCrop(224)) as the transform
                  (chute's batch decoder: only the rows and columns of the crop)
+  ...-normal     the row above with chute's threads in the default scheduling class
+                 (CHUTE_THREAD_POLICY=normal; chute's default is SCHED_BATCH, docs/loader.md)
   torch-*        the four torch DataLoaders of benchmarks/_torch.py (W2), or
                  per-sample decoding at num_workers 0 and N (W4); "/ best torch" is
                  against the fastest of them in the same run
@@ -53,6 +55,7 @@ prefetch) are kept in the JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -69,12 +72,15 @@ import _torch  # noqa: E402
 BATCH = {"w2": 256, "w4": 16}
 W4_ROWS = 3_000
 CONFIGS = {
-    "w2": ["memory", "chute", *_torch.CONFIGS],
-    "w4": ["memory", "chute", "chute-images", "torch-0", f"torch-{_torch.WORKERS}"],
+    "w2": ["memory", "chute", "chute-normal", *_torch.CONFIGS],
+    "w4": ["memory", "chute", "chute-images", "chute-images-normal", "torch-0", f"torch-{_torch.WORKERS}"],
 }
+NORMAL = "-normal"  # the same Loader with its threads in the default scheduling class (CHUTE_THREAD_POLICY=normal)
 
 
 def label(workload: str, config: str) -> str:
+    if config.endswith(NORMAL):
+        return label(workload, config.removesuffix(NORMAL)) + "; threads in the default scheduling class (CHUTE_THREAD_POLICY=normal)"
     if config == "memory":
         return "batches already in memory (the step's own rate)"
     if config == "chute":
@@ -173,7 +179,7 @@ def measure(workload: str, config: str, data_dir: str, gil_ms: float, wait_ms: f
     gil_s, wait_s = gil_ms / 1e3, wait_ms / 1e3
     short_steps = max(1, round(short_s / (gil_s + wait_s)))
     feeders = _w2_feeders if workload == "w2" else _w4_feeders
-    short_iter, long_iter, epoch_steps, close = feeders(data_dir, config, BATCH[workload], short_steps)
+    short_iter, long_iter, epoch_steps, close = feeders(data_dir, config.removesuffix(NORMAL), BATCH[workload], short_steps)
     run_passes(short_iter, min(5, short_steps), 1, gil_s, wait_s)  # workers started, imports done: as in a running job
     short = run_passes(short_iter, short_steps, short_passes, gil_s, wait_s)
     long = run_passes(long_iter, epoch_steps, 1, gil_s, wait_s)
@@ -198,15 +204,17 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     make = _w2_feeders if workload == "w2" else _w4_feeders
     feeders, settings = {}, {}
     for config in CONFIGS[workload]:
-        short_iter, _, _, close = make(args.data_dir, config, BATCH[workload], short_steps)
-        run_passes(short_iter, min(5, short_steps), 1, gil_s, wait_s)  # workers started, imports done
+        with _policy(config):
+            short_iter, _, _, close = make(args.data_dir, config.removesuffix(NORMAL), BATCH[workload], short_steps)
+            run_passes(short_iter, min(5, short_steps), 1, gil_s, wait_s)  # workers started, imports done
         feeders[config] = (short_iter, close)
     runs: dict[str, list[float]] = {c: [] for c in feeders}
     burners = _burners(args.burners)
     try:
         for r in range(args.repeats):
             for config, (short_iter, _) in feeders.items():
-                runs[config] += run_passes(short_iter, short_steps, 1, gil_s, wait_s)
+                with _policy(config):  # (threads the autotuner adds during the pass start in that class too)
+                    runs[config] += run_passes(short_iter, short_steps, 1, gil_s, wait_s)
             print(f"{workload} round {r + 1}/{args.repeats}: " + " ".join(f"{c} {v[-1]:.1f}" for c, v in runs.items()), flush=True)
     finally:
         for b in burners:
@@ -235,6 +243,19 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _policy(config: str):
+    """Threads started meanwhile stay in the default scheduling class for a ``-normal`` configuration (paired runs)."""
+    import chute._sched
+
+    before = chute._sched._ENABLED
+    chute._sched._ENABLED = before and not config.endswith(NORMAL)
+    try:
+        yield
+    finally:
+        chute._sched._ENABLED = before
+
+
 def _with_loader(make_iter, loader):
     """``make_iter`` that also names the Loader it iterates (for the settings it ended with)."""
     make_iter.loader = loader
@@ -249,7 +270,8 @@ def _run(workload: str, config: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--one", workload, config, "--data-dir", args.data_dir,
                "--gil-ms", str(args.gil_ms), "--wait-ms", str(args.wait_ms), "--short-s", str(args.short_s),
                "--short-passes", str(args.short_passes)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    env = dict(os.environ, CHUTE_THREAD_POLICY="normal") if config.endswith(NORMAL) else None
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
         raise SystemExit(f"{workload} {config} failed:\n{done.stdout}\n{done.stderr}")
