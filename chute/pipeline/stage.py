@@ -239,8 +239,6 @@ class _Map(Stage):
         import collections
         import concurrent.futures
 
-        from chute._sched import background
-
         if threads < 1:
             raise ValueError(f"Map needs at least one thread, got threads={threads}")
         self.source, self.fn = source, fn
@@ -248,7 +246,7 @@ class _Map(Stage):
         if self.ahead < 1:
             raise ValueError(f"Map needs at least one batch ahead, got ahead={self.ahead}")
         self._futures = concurrent.futures
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="chute-map", initializer=background)
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="chute-map")
         self._pending: collections.deque[tuple[Any, dict[str, Any]]] = collections.deque()
         self._state: dict[str, Any] | None = None
         self._drained = False

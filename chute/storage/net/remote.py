@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from chute._bounded import read_within
-from chute._sched import background
 from chute.errors import ChuteError, RemoteError
 from chute.observe import inflight
 from chute.storage.net import http as http_get, s3, stream
@@ -587,7 +586,7 @@ class Remote:
             with self.cancelled_by(cancel):
                 self._part(fd, path, url, *part)
 
-        with concurrent.futures.ThreadPoolExecutor(min(self.parallel, len(parts)), thread_name_prefix="chute-range", initializer=background) as pool:
+        with concurrent.futures.ThreadPoolExecutor(min(self.parallel, len(parts)), thread_name_prefix="chute-range") as pool:
             futures = [pool.submit(fetch, part) for part in parts]
             errors = [f.exception() for f in futures]
         ignored = next((e for e in errors if isinstance(e, RangeIgnored)), None)

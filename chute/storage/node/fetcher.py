@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Iterable
 
-from chute._sched import background
 from chute.errors import ChuteError
 from chute.observe import inflight
 from chute.order import Order
@@ -181,7 +180,6 @@ class Fetcher:
     # ------------------------------------------------------------------ the download threads
 
     def _run(self) -> None:
-        background()  # downloads ahead of need never preempt the training loop (chute._sched)
         while True:
             with self._cond:
                 while not self._closed and self._error is None and (self._taking or (self._turn and not self._can_start())):

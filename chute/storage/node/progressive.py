@@ -25,7 +25,6 @@ import math
 import threading
 from typing import Any
 
-from chute._sched import background
 from chute.errors import ChuteError
 from chute.format.reader import Dataset
 from chute.order import Order, _key, permutation
@@ -59,7 +58,6 @@ class Filler:
         return math.inf if arrival is None else -arrival
 
     def _run(self) -> None:
-        background()  # (chute._sched)
         n = len(self.cache.manifest.shards)
         try:
             for round_ in itertools.count():
