@@ -59,11 +59,12 @@ class Channel:
         # with reserve=True (one producer pulling from a source): a lock per slot, held while the slot is in use
         self._free = [threading.Lock() for _ in range(slots)] if reserve else None
         self.closed = False
+        self._front = 0  # the consumer's side: the step where the run of results last seen ended (count_ready)
 
     # ------------------------------------------------------------------ producers
 
     def put(self, step: int, item: Any) -> None:
-        """Fill the slot of ``step`` (whose previous step the consumer has taken).
+        """Fill the slot of ``step`` (whose previous step the consumer has taken) with ``item`` (never None).
 
         Raises :class:`SlotFull` when the slot is still full on an open channel
         (a step put twice, or a slot refilled before the consumer took it): a
@@ -115,11 +116,31 @@ class Channel:
         return self._full[step % self.slots].locked() is False
 
     def count_ready(self, first: int, limit: int) -> int:
-        """How many results are there in a row from step ``first`` (at most ``limit``)."""
-        n = 0
-        while n < limit and not self._full[(first + n) % self.slots].locked():
-            n += 1
-        return n
+        """How many results are there in a row from step ``first`` (at most ``limit``, and at most ``slots``).
+
+        ``first`` is the consumer's next step. The channel keeps where the run
+        of results from there was seen to end (``_front``): a result stays
+        until the consumer takes it, in order, so only the steps past that
+        point are looked at, each once while it is there, and a call costs no
+        call of its own (a slot's item, set before its lock is released and
+        cleared after it is taken, says whether it is filled). The workers'
+        ``put`` pays nothing for it: a count they updated would need a lock or
+        an atomic counter, a call per batch on their side.
+        """
+        if limit > self.slots:
+            limit = self.slots
+        if self.closed:
+            return limit  # (every slot's lock is released)
+        end = first + limit
+        j = self._front
+        if j < first:
+            j = first
+        items, slots = self._items, self.slots
+        while j < end and items[j % slots] is not None:
+            j += 1
+        if j > self._front:
+            self._front = j
+        return (j if j < end else end) - first
 
     def close(self) -> None:
         """End the channel: waiting producers and the consumer wake up; results not taken are dropped."""

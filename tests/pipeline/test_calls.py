@@ -7,9 +7,9 @@ watchdog on). A pass also has fixed costs (threads, channel, the order's first
 chunk); the per-batch figure is the difference between a whole pass and a pass
 resumed half-way, divided by the difference in batches, so those cancel out.
 The autotuner's ticks are left out: they come every few hundred milliseconds
-whatever the batch rate (a slower machine ticks more often per batch); so is the
-inside of its sample of the batches waiting (``count_ready``, every 8th step: a
-call per batch waiting, up to the prefetch depth), counted as one call.
+whatever the batch rate (a slower machine ticks more often per batch). Its
+sample of the batches waiting (``count_ready``, every 8th step) is counted as
+any call: it is one call.
 A count, not a timing; but how often a thread finds its batch or its block not yet
 ready (and polls, waits, or allocates one more block) depends on the scheduler,
 which added one to three calls per batch on a loaded machine (28-33 in all). The
@@ -57,7 +57,7 @@ def calls_of_a_pass(loader: chute.Loader, state: dict | None = None) -> tuple[in
             return
         if event == "call":
             name = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"
-            if name in ("autotune.py:tick", "_channel.py:count_ready"):  # the tuner's, inside: left out
+            if name == "autotune.py:tick":  # the tuner's, inside: left out
                 ticking.depth = 1
                 counts[name] += 1
                 return

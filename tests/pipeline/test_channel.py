@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from chute._channel import Channel, Closed, Failure, SlotFull
@@ -42,3 +43,51 @@ def test_a_put_after_close_is_dropped_and_a_waiting_consumer_wakes():
     assert woke and not waiter.is_alive()
     channel.put(0, "late")  # no error: the consumer is gone
     channel.put(0, "later")
+
+
+def walked(channel: Channel, first: int, limit: int) -> int:
+    """The results there in a row from ``first``, slot by slot (what ``count_ready`` counts without the walk)."""
+    n = 0
+    while n < min(limit, channel.slots) and not channel._full[(first + n) % channel.slots].locked():
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_count_ready_agrees_with_the_slots_under_random_puts_takes_failures_and_closes(seed):
+    """The consumer's sample of results waiting is exact: after every put, take, failure and close, over passes
+    of several laps of the slots, with results put out of order as a pool's threads do, and any limit."""
+    rng = np.random.default_rng(seed)
+    for pass_ in range(4):  # a channel per pass, as a Loader's pass makes one
+        slots = int(rng.integers(1, 9))
+        channel = Channel(slots, reserve=bool(pass_ % 2))
+        depth = int(rng.integers(1, slots + 1))
+        steps = int(rng.integers(1, 6 * slots + 2))
+        pending: set[int] = set()  # submitted, not put yet
+        submitted, taken = 0, 0
+        checks = 0
+        while taken < steps:
+            while submitted < min(taken + depth, steps):  # the consumer submits up to depth ahead of what it took
+                pending.add(submitted)
+                submitted += 1
+            move = rng.random()
+            if move < 0.55 and pending:
+                step = int(rng.choice(sorted(pending)))
+                pending.discard(step)
+                if channel._free is not None:  # (a relay's channel: the producer reserves the slot first)
+                    assert channel.reserve(step)
+                channel.put(step, Failure(KeyError(step)) if rng.random() < 0.1 else ("batch", step))
+            elif move < 0.97 and channel.ready(taken):
+                try:
+                    assert channel.take(taken) == ("batch", taken)
+                except KeyError as exc:
+                    assert exc.args == (taken,)
+                taken += 1
+            elif move >= 0.995:
+                channel.close()
+            for limit in (1, depth, slots, slots + 3):
+                assert channel.count_ready(taken, limit) == walked(channel, taken, limit), (seed, pass_, taken, limit)
+                checks += 1
+            if channel.closed:
+                break
+        assert checks
