@@ -69,6 +69,12 @@ The rules (thresholds are the constants below):
   the depth was full of batches the loop had not reached): try a prefetch
   half as deep again, within the memory budget. Kept, the depth becomes a
   floor; undone, a ceiling.
+* The workload changes (a transform or dataset swapped between passes, a training step 3x slower or faster,
+  samples that grew): the loop's own time per batch, or the workers' (their CPU when measured), in all but
+  one of the last ``JUDGE`` windows at the current thread count is ``SHIFT`` times (or a ``SHIFT``-th of) its
+  median over the first ``JUDGE`` windows at that count, and at least ``SHIFT_SHARE`` of the time between
+  batches. The judged trials are re-opened once (:meth:`Policy._reopen`): ceilings, floors, the probe reset,
+  the windows from then on the new baseline.
 * Not data-bound and at least 3 finished batches always waiting when the loop
   took one, for ``CALM`` windows in a row: the depth shrinks by one, not below
   the floor nor below threads + 1 (it never drains, so it is more than needed).
@@ -124,6 +130,17 @@ DEFAULT_MAX_BYTES = 512 << 20
 SLOW_WINDOW_NS = 500_000_000
 #: Steps (judged trials) remembered.
 STEPS = 32
+#: The workload changed when the time per batch of the loop's own work, or of the workers', in all but one of
+#: the last ``JUDGE`` windows at a thread count differs by this factor (the same way) from its median over the
+#: first ``JUDGE`` windows at that count: the judged trials are re-opened (see Policy._reopen). A 0.03 s window's figures vary by
+#: +-30% on a shared 2-core machine: one such window differs from the median of others by less than 1.3 / 0.7.
+SHIFT = 2.0
+#: A time per batch (the loop's, the workers') counts for a change of workload only when it is at least this
+#: share of the time between batches: a loop that only takes batches spends microseconds on each, whose
+#: ratio from one window to the next is noise.
+SHIFT_SHARE = 0.1
+#: Windows at the current settings kept (at least ``PROBE_AFTER``).
+KEEP_SEEN = 4 * PROBE_AFTER
 
 log = logging.getLogger("chute")
 
@@ -244,6 +261,9 @@ class _Seen:
     wait: float
     cores: float | None
     worker_cores: float | None
+    period: float = 0.0  # seconds between batches
+    loop: float = 0.0  # seconds of the loop's own work per batch
+    work: float = 0.0  # seconds of the workers' work per batch: CPU when measured, else their busy time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,6 +326,7 @@ class Policy:
         self._most_added = max_threads  # threads one trial may add (halved after a trial of several did not help)
         self.probe = probe  # whether one thread beyond a full CPU budget is measured once (see the module docstring)
         self._probed = not probe  # that trial was made (or is not to be)
+        self._shapes: dict[int, list[_Seen]] = {}  # thread count -> windows at it since the workload was last new
 
     def depth_limit(self) -> int:
         """The most batches the memory budget allows in flight (at least 1)."""
@@ -321,7 +342,8 @@ class Policy:
         epochs of a fraction of a second give a window or two each. A trial
         judged stays judged (its ceiling or floor), so a second pass of the
         same workload runs none of the trials of the first again; a starved
-        first window (see :meth:`_starved`) is the one exception.
+        first window (see :meth:`_starved`) is the one exception. A changed
+        workload re-opens them (see :func:`_shift`).
         """
         self._first_of_pass = True
 
@@ -344,8 +366,20 @@ class Policy:
             self._trial = None  # the settings moved under the trial: nothing to judge
         else:  # the first window of a pass counts as a window, but its rate is start-up's (NaN) unless starved
             rate = math.nan if start_up else window.rate
-            self._steady.append(_Seen(rate, window.wait_fraction, window.cores, window.worker_cores))
+            seen = _seen(window, rate)
+            self._steady.append(seen)
+            if len(self._steady) > 2 * KEEP_SEEN:
+                del self._steady[:-KEEP_SEEN]
+            if rate == rate:  # the workload's windows at this thread count: the first JUDGE and the last ones
+                shape = self._shapes.setdefault(self.threads, [])
+                shape.append(seen)
+                if len(shape) > 3 * JUDGE:
+                    del shape[JUDGE:-JUDGE]
         self._first_of_pass = False
+        if (self.tune_threads or self.tune_depth) and self._trial is None and not start_up and (
+            shift := _shift(self._shapes.get(self.threads, []))
+        ):
+            return changes + self._reopen(shift)
         measured = [s for s in self._steady if s.rate == s.rate][-JUDGE:]  # s.rate == s.rate: not NaN
         settled = len(measured) >= JUDGE
         base = _median_of(measured)
@@ -422,6 +456,25 @@ class Policy:
         return changes
 
     # ---------------------------------------------------------------- helpers
+
+    def _reopen(self, shift: str) -> list[tuple[str, str]]:
+        """The workload changed (``shift`` says how): what the judged trials found no longer holds.
+
+        Ceilings, floors, the probe and the one-time notes are reset, and the
+        windows from now on are the new baseline (the settings stay where they
+        are: the trials start from them). Once per change: the new workload's
+        windows are the reference the next change is measured against.
+        """
+        self.ceiling = self.max_threads
+        self.depth_ceiling = 1 << 30
+        self.floor = 1
+        self._most_added = self.max_threads
+        self._probed = not self.probe
+        self._said = set()
+        self._calm = 0
+        self._steady = []
+        self._shapes = {}
+        return [("trials re-opened", f"the workload changed: {shift}")]
 
     def _judge(self, trial: _Trial, measured: list[_Seen], limit: int) -> list[tuple[str, str]]:
         """Keep or undo the change under trial, measured by the ``JUDGE`` windows since the last change.
@@ -603,6 +656,43 @@ def _kept(before: float, before_wait: float, after: float, after_wait: float, be
     if after >= before * GAIN:
         return True
     return after_wait < WAIT <= before_wait / 2 and after >= before
+
+
+def _seen(window: Window, rate: float) -> _Seen:
+    """What the policy keeps of ``window`` (``rate``: its samples/s, or NaN for a pass's start-up)."""
+    batches = window.batches
+    workers = window.worker_cores
+    work = workers * window.seconds if workers is not None else window.busy_s
+    return _Seen(
+        rate, window.wait_fraction, window.cores, workers,
+        period=window.seconds / batches, loop=window.compute_s / batches, work=work / batches,
+    )
+
+
+def _shift(measured: list[_Seen]) -> str | None:
+    """How the workload changed between the first ``JUDGE`` of ``measured`` (windows at one thread count)
+    and the last ``JUDGE``, or None: the time per batch of the loop's own work or of the workers' moved by
+    ``SHIFT`` or more from its median over the first (in all but one of the last windows, the same way),
+    and was at least ``SHIFT_SHARE`` of the time between batches on one side.
+
+    At one thread count only: a thread added to work that holds the GIL slows the loop's own Python, and
+    threads sharing cores stretch each other's busy time, which is not a change of workload. The prefetch
+    depth changes neither.
+    """
+    if len(measured) < 2 * JUDGE:
+        return None
+    first, last = measured[:JUDGE], measured[-JUDGE:]
+    period = (_median([s.period for s in first]), _median([s.period for s in last]))
+    for what, name in (("loop", "the loop's own time per batch"), ("work", "the workers' time per batch")):
+        before, values = _median([getattr(s, what) for s in first]), [getattr(s, what) for s in last]
+        now = _median(values)
+        if before < SHIFT_SHARE * period[0] and now < SHIFT_SHARE * period[1]:
+            continue
+        # all but one of the last windows beyond the band, the same way (medians alone would take windows
+        # that alternate between two levels, as a window of a few batches of two kinds may, for a change)
+        if sum(v >= SHIFT * before for v in values) >= JUDGE - 1 or sum(v * SHIFT <= before for v in values) >= JUDGE - 1:
+            return f"{name} went from {before * 1e3:,.2f} ms to {now * 1e3:,.2f} ms"
+    return None
 
 
 def _median(values: list[float]) -> float:

@@ -392,6 +392,80 @@ def test_the_reports_advice_is_the_last_measured_step():
     assert f"took samples/s from {step.before_rate:,.0f} to {step.after_rate:,.0f}" in report.what_if
 
 
+# ---------------------------------------------------------------- the workload changing between passes
+
+
+class Workload:
+    """A pass's work per batch: the loop's own ``loop_s`` (a training step) and the workers' ``work_s`` of CPU
+    (no GIL) on ``cpus`` cores. Each window's times per batch and rate carry a seeded noise of +-``noise``."""
+
+    def __init__(self, loop_s: float, work_s: float, noise: float, seed: int, cpus: int = 2) -> None:
+        self.loop_s, self.work_s, self.cpus = loop_s, work_s, cpus
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+
+    def window(self, threads: int, first_of_pass: bool = False) -> Window:
+        jitter = lambda: float(self.rng.uniform(1 - self.noise, 1 + self.noise))  # noqa: E731
+        loop_s, work_s = self.loop_s * jitter(), self.work_s * jitter()
+        built = min(threads, self.cpus) / self.work_s  # batches/s the workers build
+        batches = max(2, round(min(1 / self.loop_s, built) * jitter() * (0.5 if first_of_pass else 1.0)))
+        compute = batches * loop_s
+        busy = min(float(threads), batches * work_s)
+        return Window(
+            seconds=1.0, wait_s=max(0.0, 1.0 - compute), compute_s=min(1.0, compute), batches=batches,
+            samples=64 * batches, busy_s=busy, idle_s=threads - busy, min_ready=0 if compute < 0.95 else 3,
+            batch_bytes=1e6, cpu_s=batches * (work_s + loop_s), loop_cpu_s=min(1.0, compute),
+        )
+
+
+def run_passes(policy: Policy, workload: Workload, passes: int, windows: int) -> list[str]:
+    """``passes`` passes of ``windows`` windows each (the first a pass's start-up); the changes made, in order."""
+    changes = []
+    for _ in range(passes):
+        policy.new_pass()
+        changes += [c for c, _ in policy.step(workload.window(policy.threads, first_of_pass=True))]
+        for _ in range(windows):
+            changes += [c for c, _ in policy.step(workload.window(policy.threads))]
+    return changes
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_noisy_steady_workload_never_reopens_the_trials(seed):
+    """+-30% per window (a 0.03 s window on a shared 2-core machine), 40 passes of 12 windows: trials come and
+    go with the noise, but the workload never looks changed."""
+    policy = Policy(1, 8, max_threads=16, cpu_budget=2)
+    changes = run_passes(policy, Workload(loop_s=0.001, work_s=0.003, noise=0.3, seed=seed), passes=40, windows=12)
+    assert "trials re-opened" not in changes
+
+
+@pytest.mark.parametrize("what,factor", [("loop_s", 3.0), ("loop_s", 1 / 3), ("work_s", 3.0), ("work_s", 1 / 3)])
+def test_a_workload_three_times_heavier_or_lighter_reopens_the_trials_once_and_settles_again(what, factor):
+    """A training step or a transform that becomes 3x slower or faster between passes: the trials judged on
+    the old workload are re-opened once (ceilings and floors reset), then the tuner settles on the new one."""
+    workload = Workload(loop_s=0.001, work_s=0.003, noise=0.1, seed=3)
+    policy = Policy(1, 8, max_threads=16, cpu_budget=2)
+    before = run_passes(policy, workload, passes=20, windows=12)
+    assert "trials re-opened" not in before and policy.steps  # settled after judged trials
+    settled = run_passes(policy, workload, passes=5, windows=12)
+    assert [c for c in settled if "->" in c] == []
+    setattr(workload, what, getattr(workload, what) * factor)
+    after = run_passes(policy, workload, passes=30, windows=12)
+    assert after.count("trials re-opened") == 1, after
+    assert [c for c in run_passes(policy, workload, passes=5, windows=12) if "->" in c] == []  # settled again
+
+
+def test_reopened_trials_reset_what_the_judged_ones_found():
+    """Re-opened, a thread that did not help on the old workload is tried again on the new one, and kept when it helps."""
+    workload = Workload(loop_s=0.00025, work_s=0.003, noise=0.05, seed=1, cpus=2)  # (2 threads fill the memory bus)
+    policy = Policy(1, 8, max_threads=16, cpu_budget=4)
+    run_passes(policy, workload, passes=20, windows=12)
+    assert policy.threads == 2 and policy.ceiling == 2  # a third thread did not help
+    workload.cpus, workload.work_s = 4, workload.work_s / 3  # a lighter transform, which scales to 4 threads
+    changes = run_passes(policy, workload, passes=30, windows=12)
+    assert changes.count("trials re-opened") == 1
+    assert policy.threads > 2, [s.describe() for s in policy.steps]
+
+
 # ---------------------------------------------------------------- live, against stages of known cost
 
 BATCH = 8
