@@ -11,6 +11,8 @@ workers), and the whole pass; then prints medians with min-max.
   --passes 21                        passes timed (after one warm-up pass)
   --shuffle / --no-shuffle           shuffled passes (default) or the dataset order
   --workers threads|processes        the Loader's workers (default threads, autotuned)
+  --stage none|thread|device|both    stages on threads of their own: an identity BatchStage(where="thread"),
+                                     the device copy (device="cpu"), or both (default none)
   --profile PATH                     also write a cProfile of the timed pass starts (iter + first batch) to PATH
   --against DIR [--rounds 5] [--label TEXT]  before/after: alternate, round by round, a fresh process of this checkout's
                                      chute and one of the chute package in DIR (e.g. `git archive <commit> chute`
@@ -66,6 +68,10 @@ def passes(loader: chute.Loader, count: int, profile: cProfile.Profile | None = 
     return starts, wholes
 
 
+def _identity(batch: dict) -> dict:
+    return batch
+
+
 def _ms(values: list[float]) -> str:
     ordered = sorted(values)
     return f"{statistics.median(ordered) * 1e3:7.2f} ms ({ordered[0] * 1e3:.2f}-{ordered[-1] * 1e3:.2f})"
@@ -76,7 +82,12 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         rows = ({"x": np.full(args.dim, i, np.float32), "id": i} for i in range(args.rows))
         ds = chute.write(rows, os.path.join(tmp, "ds"))
-        with chute.Loader(ds, args.batch, shuffle=args.shuffle, seed=0, workers=args.workers) as loader:
+        extra: dict = {}
+        if args.stage in ("thread", "both"):
+            extra["stages"] = [chute.BatchStage(_identity, name="identity", where="thread")]
+        if args.stage in ("device", "both"):
+            extra["device"] = "cpu"
+        with chute.Loader(ds, args.batch, shuffle=args.shuffle, seed=0, workers=args.workers, **extra) as loader:
             passes(loader, 1)  # the first pass: imports, the workers start
             profile = cProfile.Profile() if args.profile else None
             starts, wholes = passes(loader, args.passes, profile)
@@ -92,7 +103,12 @@ def measure(args: argparse.Namespace) -> dict:
 
 def settings(args: argparse.Namespace, batches: int) -> str:
     return (f"dataset: {args.rows} rows of float32[{args.dim}] + int64 id; Loader(batch_size={args.batch}, "
-            f"shuffle={args.shuffle}, workers={args.workers!r}); {batches} batches a pass")
+            f"shuffle={args.shuffle}, workers={args.workers!r}{_stages(args.stage)}); {batches} batches a pass")
+
+
+def _stages(stage: str) -> str:
+    return {"none": "", "thread": ", stages=[a thread stage]", "device": ', device="cpu"',
+            "both": ', stages=[a thread stage], device="cpu"'}[stage]
 
 
 def against(args: argparse.Namespace, argv: list[str]) -> None:
@@ -135,8 +151,8 @@ def against(args: argparse.Namespace, argv: list[str]) -> None:
     sys.path.insert(0, HERE)
     from _results import save
 
-    title = f"{args.rows} x float32[{args.dim}], batch {args.batch}, workers={args.workers}"
-    save("short_passes", {args.workers: {
+    title = f"{args.rows} x float32[{args.dim}], batch {args.batch}, workers={args.workers}{_stages(args.stage)}"
+    save("short_passes", {args.workers + ("" if args.stage == "none" else f"+{args.stage}"): {
         "title": title,
         "columns": [["start_ms", "iter() to first batch, ms (median)", ".2f"], ["start_min_ms", "min ms", ".2f"],
                     ["start_max_ms", "max ms", ".2f"], ["whole_ms", "whole pass, ms (median)", ".2f"]],
@@ -154,6 +170,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=21)
     parser.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--workers", choices=["threads", "processes"], default="threads")
+    parser.add_argument("--stage", choices=["none", "thread", "device", "both"], default="none")
     parser.add_argument("--profile", metavar="PATH")
     parser.add_argument("--against", metavar="DIR")
     parser.add_argument("--rounds", type=int, default=5)

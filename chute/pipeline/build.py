@@ -80,7 +80,8 @@ def start(loader: Any, run: Pass) -> None:
 
 
 def _relays(loader: Any, run: Pass) -> None:
-    """A relay per stage on a thread of its own, in order (the device copy last), each taking from the one before."""
+    """A relay per stage on a thread of its own, in order (the device copy last), each taking from the one before,
+    each on a thread the Loader keeps across its passes (``chute.pipeline.kept``)."""
     chain = loader.chain
     stages = list(chain.threads)
     if chain.device:
@@ -89,9 +90,10 @@ def _relays(loader: Any, run: Pass) -> None:
         stages.append(DeviceCopy(loader._copier()))
     assert run.feed is not None
     take = run.feed.take
-    for stage in stages:
+    kept = loader._kept_threads()
+    for i, stage in enumerate(stages):
         name = getattr(stage, "thread_name", None) or f"chute-stage-{stage.name}-r{run.rank}"
-        relay = Relay(stage, take, run.steps, name, loader.counters)
+        relay = Relay(stage, take, run.steps, kept.get(f"{i}:{name}", name), loader.counters)
         run.relays.append(relay)
         take = _blocking(relay.take)
     for relay in run.relays:

@@ -124,6 +124,7 @@ class Loader(Stage):
             check_picklable(self.fns, self.chain.workers)  # a lambda fails here, not at the first batch
         self.device = device
         self._copier_: Any = None
+        self._kept: Any = None  # the stage threads kept across passes (chute.pipeline.kept), made on first use
         if device is not None:
             from chute.device import resolve_device
 
@@ -440,6 +441,16 @@ class Loader(Stage):
             self._threads_finalizer = weakref.finalize(self, self._threads.shutdown, 1.0)
         return self._threads
 
+    def _kept_threads(self) -> Any:
+        """The threads of the stages on threads of their own (the device copy among them), kept across passes
+        until ``close``; they hold no reference to the Loader: a finalizer stops them when it is collected."""
+        if self._kept is None:
+            from chute.pipeline.kept import KeptThreads
+
+            self._kept = KeptThreads()
+            self._kept_finalizer = weakref.finalize(self, self._kept.stop, 1.0)
+        return self._kept
+
     def _process_pool(self) -> Any:
         """The worker processes (started on first use, kept across epochs until ``close``)."""
         if self._processes is None:
@@ -468,6 +479,12 @@ class Loader(Stage):
             self._threads = None
             if stuck:
                 log.warning("chute: %d loader thread(s) still busy after close: %s", len(stuck), [t.name for t in stuck])
+        if self._kept is not None:
+            self._kept_finalizer.detach()
+            stuck = self._kept.stop()
+            self._kept = None
+            if stuck:
+                log.warning("chute: %d stage thread(s) still busy after close: %s", len(stuck), [t.name for t in stuck])
         if self._processes is not None:
             self._processes_finalizer.detach()
             self._processes.close()

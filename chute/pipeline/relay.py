@@ -10,25 +10,30 @@ for upstream, ``wait_out`` while waiting for room) into the stage's counter
 and leaves a span per batch in the trace; it publishes the step it is on and
 since when, for the hang watchdog. An exception (its stage's, or one that
 came from upstream) travels to the loop at its step; closing the channel
-stops the thread.
+ends the relay's loop.
+
+The loop runs as a job on a thread the Loader keeps across its passes
+(``chute.pipeline.kept``); :meth:`Relay.close` waits for the job to return.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 from chute._channel import Channel, Closed, Failure
 from chute.observe.counters import nbytes_of
+from chute.pipeline.kept import Kept
 from chute.pipeline.transform import StageError
 
 
 class Relay:
-    """Runs ``stage`` on ``steps`` steps taken with ``take(step)`` from upstream, on a thread named ``name``."""
+    """Runs ``stage`` on ``steps`` steps taken with ``take(step)`` from upstream, as a job on the thread ``kept``."""
 
-    def __init__(self, stage: Any, take: Any, steps: int, name: str, counters: Any = None, depth: int = 2) -> None:
-        self.stage, self.steps, self.name = stage, steps, name
+    def __init__(self, stage: Any, take: Any, steps: int, kept: Kept, counters: Any = None, depth: int = 2) -> None:
+        self.stage, self.steps, self.kept = stage, steps, kept
+        self.thread = kept.thread
+        self.name = kept.thread.name
         self._take = take
         self.channel = Channel(depth, reserve=True)
         self.take = self.channel.take  # the consumer's side: (step, timeout) -> (batch, rows, skipped)
@@ -36,10 +41,11 @@ class Relay:
         self.waiting = -1  # the step it waits for from upstream (-1: none)
         self.since = 0  # perf_counter_ns when it started on ``step``
         self.counter = None if counters is None else counters.stage(stage.name, where="thread", gil=stage.gil)
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._started = False
 
     def start(self) -> None:
-        self.thread.start()
+        self._started = True
+        self.kept.run(self._run)
 
     def _run(self) -> None:
         clock = time.perf_counter_ns
@@ -90,9 +96,7 @@ class Relay:
             self.stage.close()
 
     def close(self, timeout: float = 5.0) -> bool:
-        """Stop the thread (its channel is closed: a wait upstream ends with the pass); True if it ended."""
+        """End the relay's loop (its channel is closed: a wait upstream ends with the pass) and wait up to
+        ``timeout`` seconds for it to return; True if it did (or never started)."""
         self.channel.close()
-        if self.thread.ident is None or self.thread is threading.current_thread():
-            return True
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
+        return not self._started or self.kept.wait(timeout)

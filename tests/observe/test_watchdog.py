@@ -76,6 +76,7 @@ def test_raise_names_the_transform_frame_and_the_stuck_sample(ds, device):
     assert "queue: " in report and "Reads in flight:\n  none" in report
     message = str(info.value)
     assert "no batch for" in message and f"blocking_transform ({__file__}:{line})" in message and "sample 13" in message
+    loader.close()  # (the Loader's kept threads: the device copy's)
     assert _join_chute_threads() == []  # the released thread finished its task and exited; no watchdog left
 
 
