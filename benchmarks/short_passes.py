@@ -152,7 +152,7 @@ def against(args: argparse.Namespace, argv: list[str]) -> None:
     from _results import save
 
     title = f"{args.rows} x float32[{args.dim}], batch {args.batch}, workers={args.workers}{_stages(args.stage)}"
-    save("short_passes", {args.workers + ("" if args.stage == "none" else f"+{args.stage}"): {
+    save("short_passes", {args.workers + ("" if args.stage == "none" else f"-{args.stage}"): {
         "title": title,
         "columns": [["start_ms", "iter() to first batch, ms (median)", ".2f"], ["start_min_ms", "min ms", ".2f"],
                     ["start_max_ms", "max ms", ".2f"], ["whole_ms", "whole pass, ms (median)", ".2f"]],
