@@ -25,6 +25,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from chute._sched import background
+
 log = logging.getLogger("chute")
 
 
@@ -74,6 +76,7 @@ class _Returns:
 
 def _serve(jobs: queue.SimpleQueue[Callable[[], None] | None], returns: _Returns) -> None:
     """A kept thread's body: run each job until the ``None`` that stops it."""
+    background()  # woken by the loop's take (a slot freed): it never preempts the loop (chute._sched)
     while (job := jobs.get()) is not None:
         try:
             job()

@@ -163,3 +163,11 @@ def test_a_forked_child_starts_stage_threads_of_its_own_for_its_passes(ds):
         assert os.waitstatus_to_exitcode(status) == 0
         rest = [b["id"].tolist() for b in it]  # the parent's pass goes on, on its threads
         assert rest == reference(ds, 1)[1:]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="needs Linux's SCHED_BATCH (os.sched_getscheduler)")
+def test_kept_stage_threads_are_batch_work_as_the_workers_are(ds):
+    with make(ds) as loader:
+        batches(loader)
+        classes = {t.name: os.sched_getscheduler(t.native_id) for t in stage_threads()}
+    assert len(classes) == 2 and set(classes.values()) == {os.SCHED_BATCH}, classes
