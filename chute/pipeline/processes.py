@@ -394,12 +394,17 @@ class _PassRun:
         self._pid = os.getpid()
         self._cells: tuple[Any, ...] | None = None  # a counter cell per stage of the task (the receiver thread's)
         self._order: Any = None  # the root's
-        # A remote dataset's downloader holds the shards of the coming steps in this process; a step goes
-        # to a worker only once its shards are held (the worker reads them under this hold).
-        self.fetcher = run.fetcher
+        # A remote dataset's shards: a step goes to a worker only once this process holds them (the storage
+        # side's rule, chute.storage.node.gate; the worker reads them under this hold). The gate thread waits.
+        self.hold: Any = None
         self.gate: _Kept | None = None
-        if self.fetcher is not None:
-            self._steps = (run.indices, run.dataset.shards_of)
+        if run.fetcher is not None:
+            from chute.pipeline.gather import gather_name
+            from chute.storage.node.gate import StepGate
+
+            self.hold = StepGate(run.fetcher, run.dataset.shards_of)
+            self._steps = run.indices
+            self._waits_in = gather_name(run.dataset)  # the stage whose wait for its input the gate's wait is
             self.gate = pool._kept_thread("g")
         self.receiver = pool._kept_thread("r")
         assert self.receiver.wake is not None
@@ -514,18 +519,14 @@ class _PassRun:
     # ------------------------------------------------------------------ the gate thread
 
     def _gate(self) -> None:
-        """Move submitted steps, in order, to the receiver once this process's downloader holds their shards.
-
-        A worker process reads a remote dataset's shards under this process's
-        holds and lease (chute/storage/node/share.py). Sent any earlier, a worker
-        reading a shard the downloader has not reached would download it
-        outside the lease and, in a cache filled to its limit by that lease,
-        wait for room that only the loop's progress frees, while the loop
-        waits for that batch. A step whose shards cannot be had (the download
-        failed) raises at that step in the loop, as a thread worker's would.
+        """Move submitted steps, in order, to the receiver once this process holds their shards
+        (:class:`chute.storage.node.gate.StepGate`); the wait counts as the gather's wait for its input, as
+        a worker thread's does. A step whose shards cannot be had (the download failed) raises at that step
+        in the loop, as a thread worker's would.
         """
-        fetcher = self.fetcher
-        indices, shards_of = self._steps
+        hold, indices = self.hold, self._steps
+        counters = self.pool.counters
+        cell = counters.stage(self._waits_in, where="workers").cell() if counters is not None else None
         while True:
             with self._cond:
                 while not self.gated and not self.stopped:
@@ -537,7 +538,9 @@ class _PassRun:
             try:
                 rows = indices.rows(step)
                 indices.ahead(step)
-                fetcher.wait(step, shards_of(rows))
+                waited = hold.wait(step, rows)
+                if cell is not None:
+                    cell.wait_in_ns += waited
             except BaseException as exc:  # noqa: BLE001 - raised in the training loop at this step
                 failure = exc
             with self._lock:
@@ -557,7 +560,7 @@ class _PassRun:
             return
         with self._cond:
             self._cond.notify_all()
-        self.fetcher.stop_waits()
+        self.hold.stop_waits()
 
     def _send(self) -> None:
         """Send queued steps while a ring slot is free."""

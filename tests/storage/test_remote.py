@@ -289,6 +289,23 @@ def test_worker_processes_keep_their_receiver_and_gate_threads_across_remote_pas
     assert part_files(str(tmp_path / "cache")) == []
 
 
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_the_wait_for_shards_counts_as_the_reads_wait_with_either_kind_of_worker(served, reference, tmp_path, workers):
+    """A cold epoch waits for its first shards: with worker threads each batch's task waits, with worker
+    processes this process's gate does before it sends the step (chute.storage.node.gate); either way the
+    report's counters have it as the read stage's wait for its input, not as work nor as nothing."""
+    _, want = reference
+    ds = chute.open(served, cache_dir=tmp_path / "cache")
+    ld = loader(ds, **({"workers": chute.Workers("processes", count=2)} if workers == "processes" else {}))
+    try:
+        assert_same_epoch(epoch_columns(ld), want[0])
+        read = ld.counters.stage("read").totals()
+        assert read.wait_in_ns > 0 and read.items > 0
+    finally:
+        ld.close()
+    assert chute_threads() == []
+
+
 # ---------------------------------------------------------------------------
 # Compressed shards, resume
 # ---------------------------------------------------------------------------
