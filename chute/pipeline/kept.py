@@ -25,8 +25,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from chute._sched import background
-
 log = logging.getLogger("chute")
 
 
@@ -52,9 +50,13 @@ class Kept:
             return True  # (a job closing its own pass; a forked child's copy of its parent's thread: no job runs here)
         return self.returns.reach(self.given, max(0.0, timeout))
 
-    def stop(self) -> None:
-        """The thread exits once its job (if any) has returned."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """The thread exits once its job (if any) has returned; with ``timeout``, wait for it: whether it has exited."""
         self.jobs.put(None)
+        if timeout is None or self.thread is threading.current_thread():
+            return False
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
 
 
 class _Returns:
@@ -75,8 +77,7 @@ class _Returns:
 
 
 def _serve(jobs: queue.SimpleQueue[Callable[[], None] | None], returns: _Returns) -> None:
-    """A kept thread's body: run each job until the ``None`` that stops it."""
-    background()  # woken by the loop's take (a slot freed): it never preempts the loop (chute._sched)
+    """A kept thread's body: run each job until the ``None`` that stops it (a job sets its own scheduling class)."""
     while (job := jobs.get()) is not None:
         try:
             job()

@@ -77,12 +77,10 @@ import logging
 import multiprocessing
 import os
 import pickle
-import queue
 import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from multiprocessing import connection, resource_tracker
 from typing import Any
 
@@ -90,6 +88,7 @@ from chute._channel import Failure
 from chute._sched import background
 from chute.errors import ChuteError
 from chute.format.schema import FIXED_SIZE
+from chute.pipeline.kept import Kept
 from chute.pipeline.shm import ALIGN, Ring, slot_bytes
 from chute.pipeline.wire import PROTOCOL as _PROTOCOL, decode, decode_exception
 from chute.pipeline.worker import STACK_SIGNAL as _STACK_SIGNAL, worker_main
@@ -266,8 +265,8 @@ def _read_available(conn: connection.Connection, timeout: float, quiet: float) -
     return b"".join(chunks)
 
 
-class _Kept:
-    """A daemon thread of the pool kept across its passes: it runs one job at a time (a pass's receiver or gate loop).
+class _Kept(Kept):
+    """A daemon thread of the pool kept across its passes (``chute.pipeline.kept``): a pass's receiver or gate loop.
 
     Between jobs it holds nothing of a pass or of the pool (a pool dropped
     between passes is collected, and its finalizer stops the thread). The
@@ -280,65 +279,17 @@ class _Kept:
     """
 
     def __init__(self, name: str, wake: bool = False) -> None:
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.returns = _Returns()
-        self.given = 0  # jobs handed to the thread; it has returned from ``returns.count`` of them
+        super().__init__(name)
         self.wake = os.pipe() if wake else None  # only the receiver waits on a pipe
         self.close_pipe = weakref.finalize(self, _close_fds, *(self.wake or ()))
-        # (the thread holds the queue and the tally, never this object: a dropped pool's finalizer can run)
-        self.thread = threading.Thread(target=_serve, args=(self.jobs, self.returns), name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, job: Callable[[], None]) -> None:
-        """Run ``job`` next (after the job before it has returned)."""
-        self.given += 1
-        self.jobs.put(job)
-
-    def wait(self, timeout: float) -> bool:
-        """Whether every job given so far has returned, waiting at most ``timeout`` seconds."""
-        if not self.thread.is_alive():  # (a forked child's copy of its parent's thread: no job runs here)
-            return True
-        return self.returns.reach(self.given, max(0.0, timeout))
 
     def stop(self, timeout: float | None = None) -> bool:
-        """The thread exits once its job (if any) has returned; with ``timeout``, wait for it: whether it has exited."""
+        """The thread exits once its job (if any) has returned (woken from its pipe); with ``timeout``, wait for it."""
         self.jobs.put(None)
         if self.wake is not None:
             with contextlib.suppress(OSError):
                 os.write(self.wake[1], b"!")
-        if timeout is None or self.thread is threading.current_thread():
-            return False
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
-
-
-class _Returns:
-    """How many jobs a kept thread has returned from, and a wait for a number of them."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._cond = threading.Condition()
-
-    def add(self) -> None:
-        with self._cond:
-            self.count += 1
-            self._cond.notify_all()
-
-    def reach(self, count: int, timeout: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self.count >= count, timeout)
-
-
-def _serve(jobs: queue.SimpleQueue, returns: _Returns) -> None:
-    """A kept thread's body: run each job until the ``None`` that stops it."""
-    background()  # woken by the loop's submit: it never preempts the loop (chute._sched)
-    while (job := jobs.get()) is not None:
-        try:
-            job()
-        except BaseException:  # noqa: BLE001 - a job reports its own failures (to its pass); the thread stays
-            log.exception("chute: a worker-process pass's %s failed", threading.current_thread().name)
-        job = None  # nothing of the pass is kept while idle
-        returns.add()
+        return super().stop(timeout)
 
 
 def _close_fds(*fds: int) -> None:
@@ -471,6 +422,7 @@ class _PassRun:
     # ------------------------------------------------------------------ the receiver thread
 
     def _pump(self) -> None:
+        background()  # woken by the loop's submit: it never preempts the loop (chute._sched)
         pool = self.pool
         try:
             while not self.stopped:
@@ -524,6 +476,7 @@ class _PassRun:
         a worker thread's does. A step whose shards cannot be had (the download failed) raises at that step
         in the loop, as a thread worker's would.
         """
+        background()  # woken by the loop's submit: it never preempts the loop (chute._sched)
         hold, indices = self.hold, self._steps
         counters = self.pool.counters
         cell = counters.stage(self._waits_in, where="workers").cell() if counters is not None else None

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from chute._channel import Channel, Closed, Failure
+from chute._sched import CHECK_EVERY, Adaptive
 from chute.observe.counters import nbytes_of
 from chute.pipeline.kept import Kept
 from chute.pipeline.transform import StageError
@@ -55,6 +56,8 @@ class Relay:
         record = counter.record if counter is not None else None
         done = 0
         step = 0
+        sched = Adaptive()  # batch class while the stage computes: woken by the loop, it never preempts it (chute._sched)
+        tasks, tasks_ns = 0, 0
         try:
             while step < self.steps:
                 if not channel.reserve(step):
@@ -87,6 +90,12 @@ class Relay:
                     record(got, end, rows, nbytes, step)
                 done = end
                 step += 1
+                if sched.active:
+                    tasks += 1
+                    tasks_ns += end - got
+                    if tasks == CHECK_EVERY:
+                        sched.check(tasks_ns)
+                        tasks, tasks_ns = 0, 0
         except Closed:
             return
         except BaseException as exc:  # noqa: BLE001 - raised in the loop at this step

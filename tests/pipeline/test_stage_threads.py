@@ -15,6 +15,7 @@ import gc
 import os
 import signal
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -171,3 +172,18 @@ def test_kept_stage_threads_are_batch_work_as_the_workers_are(ds):
         batches(loader)
         classes = {t.name: os.sched_getscheduler(t.native_id) for t in stage_threads()}
     assert len(classes) == 2 and set(classes.values()) == {os.SCHED_BATCH}, classes
+
+
+def reads_sample_by_sample(batch):
+    for _ in range(BATCH):
+        time.sleep(0.0002)  # a read per sample: the stage mostly waits, blocking many times a batch
+    return batch
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="needs Linux's SCHED_BATCH (os.sched_getscheduler)")
+def test_a_thread_stage_that_mostly_waits_goes_back_to_the_default_class(ds):
+    stage = chute.BatchStage(reads_sample_by_sample, name="reads", where="thread")
+    with chute.Loader(ds, BATCH, shuffle=True, seed=3, stages=[stage]) as loader:
+        assert batches(loader) == reference(ds, 0)  # 30 batches: 3 looks at what the stage does
+        classes = [os.sched_getscheduler(t.native_id) for t in stage_threads()]
+    assert classes == [os.SCHED_OTHER]
