@@ -35,12 +35,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import sysconfig
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from chute.errors import StallError
@@ -63,7 +63,13 @@ THREAD_ROLES = (
     ("chute-fetch", "downloader: fetches shards into the node cache ahead of use"),
 )
 
-_STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+
+@cache
+def _stdlib() -> tuple[str, ...]:
+    """The standard library's directories (computed on a stall's first report: ``sysconfig`` is not on a pass's path)."""
+    import sysconfig
+
+    return tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 
 
 # --------------------------------------------------------------------------- the timeout rule
@@ -174,7 +180,7 @@ def format_stack(frames: list[Frame], indent: str = "    ") -> list[str]:
 def innermost_own_frame(frames: list[Frame]) -> Frame | None:
     """The innermost frame outside the standard library (user code, chute, a library)."""
     for f in reversed(frames):
-        if not os.path.realpath(f.file).startswith(_STDLIB):
+        if not os.path.realpath(f.file).startswith(_stdlib()):
             return f
     return frames[-1] if frames else None
 

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from chute.observe import inflight
-from chute.observe.watchdog import _STDLIB, Details, innermost_own_frame, stack_of
+from chute.observe.watchdog import Details, _stdlib, innermost_own_frame, stack_of
 
 
 def describe(loader: Any, run: Any) -> Details:
@@ -196,6 +196,6 @@ def _innermost_dumped_frame(dump: str) -> str:
             number, name = rest.split(" in ", 1)
         except ValueError:
             continue
-        if not os.path.realpath(file).startswith(_STDLIB):
+        if not os.path.realpath(file).startswith(_stdlib()):
             return f"{name} ({file}:{number})"
     return ""
