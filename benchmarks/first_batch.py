@@ -25,12 +25,17 @@ Configurations:
     python benchmarks/first_batch.py --only w2 --repeats 7
     python benchmarks/first_batch.py --from-json benchmarks/results/first_batch.json   # an old list of rows as tables
 
-The imports (``--only imports``): a fresh process that has imported torch and numpy (a training script's own
-imports) times ``from chute import Loader``, then that plus ``Loader(path)`` and batch 0 of W2, and the first
-full garbage collection Python runs meanwhile (the first after ``import torch``, whoever allocates next pays
-it); a second process runs the same under ``python -X importtime`` with the collector off, for the import time
-of chute's own modules and of pyarrow (which chute imports), and the import with batch 0 without that collection.
-Both list chute's remote-storage modules and the network clients that a local dataset loaded: none is expected.
+The imports (``--only imports``): fresh processes that have imported torch and numpy (a training script's own
+imports). The goal's row ("after gc.collect()") runs ``gc.collect()`` before the clock: ``import torch`` leaves
+its objects one young collection short of Python's first full collection, which whoever allocates next pays
+(chute, the user's next import, the training loop's first allocations), so the row counts what chute itself
+costs, as it is in any script that did anything after ``import torch``. Then it times ``from chute import Loader``,
+and that plus ``Loader(path)`` and batch 0 of W2, counting the collections Python runs meanwhile per generation.
+Beside it, in the same round: the expert torch DataLoader (whole-batch fetch over W2's .npy, as ``torch-batch``)
+built and holding batch 0, after the same ``gc.collect()``; chute's import and batch 0 without the collection
+before the clock, with the time of the first full collection in it; and chute's again under ``python -X importtime``
+for the import time of chute's own modules and of pyarrow (the shards' Arrow IPC reader, which chute imports).
+Each lists chute's remote-storage modules and the network clients that a local dataset loaded: none is expected.
 
 Results go to benchmarks/results/first_batch.json through benchmarks/_results.py: a table per workload, a row
 per configuration, and table "imports" (docs/benchmarks.md draws them with benchmarks/tables.py).
@@ -132,46 +137,64 @@ def child(workload: str, config: str, data_dir: str) -> dict:
 
 
 REMOTE = ("chute.storage.net", "chute.storage.node.cache", "chute.storage.node.fetcher", "urllib3", "fsspec", "botocore", "aiohttp")
+IMPORTS = ("chute", "torch", "chute-natural")
+"""The --only imports children: chute after gc.collect(), the torch DataLoader after gc.collect(), chute without it."""
 
 
-def imports_child(data_dir: str) -> dict:
-    """The imports of a local dataset's first Loader, in this (fresh) process; see the module docstring."""
+def imports_child(data_dir: str, which: str) -> dict:
+    """A local dataset's first batch, in this (fresh) process, imports included; see the module docstring."""
     import gc
     import time
 
     import numpy  # noqa: F401  (a training script's own imports, before the clock)
-    import torch  # noqa: F401
+    import torch
 
-    if os.environ.get("CHUTE_BENCH_NO_GC"):
-        gc.disable()
+    if which != "chute-natural":
+        gc.collect()  # import torch's objects collected before the clock, as in any script by its first batch
     full: list[float] = []
+    collections = [0, 0, 0]
 
     def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections[info["generation"]] += 1
         if info["generation"] == 2:
             full.append(time.perf_counter() if phase == "start" else time.perf_counter() - full.pop())
 
     gc.callbacks.append(watch)
     w0, c0 = time.perf_counter(), time.process_time()
-    from chute import Loader
+    if which == "torch":
+        dataset = _BatchMemmap(os.path.join(data_dir, "w2.npy"), label=True)
+        sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(dataset), BATCH["w2"], drop_last=False)
+        loader: Any = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None)
+        w1, c1 = w0, c0
+    else:
+        from chute import Loader
 
-    w1, c1 = time.perf_counter(), time.process_time()
-    loader = Loader(os.path.join(data_dir, "w2"), batch_size=BATCH["w2"], shuffle=True)
+        w1, c1 = time.perf_counter(), time.process_time()
+        loader = Loader(os.path.join(data_dir, "w2"), batch_size=BATCH["w2"], shuffle=True)
     next(iter(loader))
     w2, c2 = time.perf_counter(), time.process_time()
-    loader.close()
+    gc.callbacks.remove(watch)
+    if hasattr(loader, "close"):
+        loader.close()
     return {"import_s": w1 - w0, "import_cpu_s": c1 - c0, "first_s": w2 - w0, "first_cpu_s": c2 - c0, "gc_s": sum(full),
-            "remote": sorted(m for m in sys.modules if m.startswith(REMOTE))}
+            "collections": collections, "remote": sorted(m for m in sys.modules if m.startswith(REMOTE))}
+
+
+def imports_run(data_dir: str, which: str, *python_flags: str) -> tuple[dict, str]:
+    """One fresh process of :func:`imports_child` (``.pyc`` files written, as users run): its figures and stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run([sys.executable, *python_flags, __file__, "--imports-child", which, "--data-dir", data_dir],
+                          env=env, capture_output=True, text=True, check=True, cwd=HERE)
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
 def importtime(data_dir: str) -> dict:
-    """Import seconds of chute's own modules and of pyarrow (self times, ``-X importtime``, the collector off)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["CHUTE_BENCH_NO_GC"] = "1"
-    done = subprocess.run([sys.executable, "-X", "importtime", __file__, "--imports-child", "--data-dir", data_dir],
-                          env=env, capture_output=True, text=True, check=True, cwd=HERE)
+    """Import seconds of chute's own modules and of pyarrow (self times, ``-X importtime``, after gc.collect())."""
+    out, stderr = imports_run(data_dir, "chute", "-X", "importtime")
     own = arrow = 0
     after = False  # modules imported after torch: what chute adds to a training script
-    for line in done.stderr.splitlines():
+    for line in stderr.splitlines():
         if not line.startswith("import time:") or "|" not in line:
             continue
         self_us, _, name = (part.strip() for part in line[len("import time:"):].split("|"))
@@ -183,9 +206,7 @@ def importtime(data_dir: str) -> dict:
         if after:
             own += int(self_us) if name.startswith("chute") else 0
             arrow += int(self_us) if name.startswith("pyarrow") else 0
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"chute_s": own / 1e6, "pyarrow_s": arrow / 1e6, "remote": out["remote"], "first_nogc_s": out["first_s"],
-            "first_nogc_cpu_s": out["first_cpu_s"]}
+    return {"chute_s": own / 1e6, "pyarrow_s": arrow / 1e6, "remote": out["remote"]}
 
 
 def run(workload: str, config: str, data_dir: str) -> dict:
@@ -212,14 +233,14 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted([*CONFIGS, "imports"]), action="append")
     parser.add_argument("--from-json", metavar="PATH", help="no run: redraw the rows of an earlier run's list-form JSON as tables")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "CONFIG"))
-    parser.add_argument("--imports-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--imports-child", choices=IMPORTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     data_dir = os.path.abspath(args.data_dir)
     if args.child:
         print(json.dumps(child(*args.child, data_dir)))
         return
     if args.imports_child:
-        print(json.dumps(imports_child(data_dir)))
+        print(json.dumps(imports_child(data_dir, args.imports_child)))
         return
     if args.from_json:
         rows, stamp = earlier_rows(args.from_json)
@@ -258,43 +279,52 @@ def main() -> None:
 
 
 def save_imports(data_dir: str, repeats: int, then: list[str]) -> None:
-    """Table "imports" (then the workloads in ``then``, if any): ``repeats`` rounds of both children."""
+    """Table "imports" (then the workloads in ``then``, if any): ``repeats`` rounds, each every child in turn."""
     from _data import array_dataset
 
     array_dataset("w2", data_dir)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run([sys.executable, __file__, "--imports-child", "--data-dir", data_dir], env=env, check=True, cwd=HERE,
-                   capture_output=True)  # writes the .pyc files and verifies batch 0's shards, as any earlier run would
-    runs, times, load = [], [], []
+    for which in IMPORTS:  # writes the .pyc files and verifies batch 0's shards, as any earlier run would
+        imports_run(data_dir, which)
+    runs: dict[str, list[dict]] = {which: [] for which in IMPORTS}
+    times, load = [], []
     for r in range(repeats):
-        done = subprocess.run([sys.executable, __file__, "--imports-child", "--data-dir", data_dir], env=env, check=True,
-                              cwd=HERE, capture_output=True, text=True)
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        for which in IMPORTS:
+            runs[which].append(imports_run(data_dir, which)[0])
         times.append(importtime(data_dir))
         load.append(os.getloadavg()[0])
-        print(f"round {r + 1}/{repeats}: {runs[-1]}, {times[-1]}", file=sys.stderr)
+        print(f"round {r + 1}/{repeats}: {[(w, x[-1]) for w, x in runs.items()]}, {times[-1]}", file=sys.stderr)
 
     def row(label: str, values: list[float], cpu: list[float] | None = None, **extra: Any) -> dict:
         v = sorted(values)
         return {"label": label, "median_ms": statistics.median(v) * 1e3, "min_ms": v[0] * 1e3, "max_ms": v[-1] * 1e3,
                 "cpu_median_ms": None if cpu is None else statistics.median(cpu) * 1e3, "runs": len(v), **extra}
 
-    remote = sorted({m for x in runs + times for m in x["remote"]})
+    chute, torch, natural = (runs[which] for which in IMPORTS)
+    ratio = statistics.median(c["first_s"] / t["first_s"] for c, t in zip(chute, torch))
+    remote = sorted({m for x in chute + natural + times for m in x["remote"]})
+    counts = {g: sorted(x["collections"][g] for x in chute) for g in range(3)}
     table = {
         "title": "Imports of a local dataset's first Loader (torch, numpy imported before)",
         "columns": [["median_ms", "ms (wall, median)", ",.0f"], ["min_ms", "min ms", ",.0f"], ["max_ms", "max ms", ",.0f"],
                     ["cpu_median_ms", "CPU ms (median)", ",.0f"]],
         "rows": [
-            row("from chute import Loader", [x["import_s"] for x in runs], [x["import_cpu_s"] for x in runs]),
-            row("from chute import Loader, Loader(path) and batch 0 (W2)", [x["first_s"] for x in runs], [x["first_cpu_s"] for x in runs]),
-            row("of which the first full garbage collection after import torch", [x["gc_s"] for x in runs]),
-            row("the same import and batch 0 with the collector off (under -X importtime)", [x["first_nogc_s"] for x in times],
-                [x["first_nogc_cpu_s"] for x in times]),
-            row("chute's own modules: their import times (-X importtime, collector off)", [x["chute_s"] for x in times]),
+            row("after gc.collect(): from chute import Loader", [x["import_s"] for x in chute], [x["import_cpu_s"] for x in chute]),
+            row("after gc.collect(): from chute import Loader, Loader(path) and batch 0 (W2)", [x["first_s"] for x in chute],
+                [x["first_cpu_s"] for x in chute]),
+            row("after gc.collect(): torch DataLoader, whole-batch fetch, and batch 0 (W2 .npy)", [x["first_s"] for x in torch],
+                [x["first_cpu_s"] for x in torch]),
+            row("import torch's garbage left: from chute import Loader, Loader(path) and batch 0", [x["first_s"] for x in natural],
+                [x["first_cpu_s"] for x in natural]),
+            row("of which the first full garbage collection after import torch", [x["gc_s"] for x in natural]),
+            row("chute's own modules: their import times (-X importtime, after gc.collect())", [x["chute_s"] for x in times]),
             row("pyarrow, imported by chute: the same", [x["pyarrow_s"] for x in times]),
         ],
-        "notes": (f"{repeats} rounds, each two fresh processes (.pyc files written); load average {statistics.median(load):.1f} "
-                  f"(median of the rounds); chute's remote-storage modules and network clients loaded: {', '.join(remote) or 'none'}"),
+        "ratio_chute_torch_median": ratio,
+        "notes": (f"{repeats} rounds, each its four fresh processes in turn (.pyc files written); load average "
+                  f"{statistics.median(load):.1f} (median of the rounds); chute's import and batch 0 / torch's batch 0, "
+                  f"round by round: {ratio:.2f}x (median); collections Python ran on chute's path after gc.collect() "
+                  f"(generations 0/1/2, min-max of the rounds): {counts[0][0]}-{counts[0][-1]} / {counts[1][0]}-{counts[1][-1]} / "
+                  f"{counts[2][0]}-{counts[2][-1]}; chute's remote-storage modules and network clients loaded: {', '.join(remote) or 'none'}"),
     }
     save("first_batch", {"imports": table})
     if then:

@@ -127,3 +127,97 @@ def test_chute_format_names_are_lazy_through_the_same_helper():
         "print(json.dumps([before, listed, schema, 'chute.format.writer' in sys.modules, f.Writer.__module__, error]))"
     )
     assert out == [False, [], "chute.format.schema", False, "chute.format.writer", "module 'chute.format' has no attribute 'Wirter'"]
+
+
+def test_chute_pipeline_names_are_lazy_through_the_same_helper():
+    """``chute.pipeline`` resolves its names as ``chute`` does: ``chute.Loader`` does not load ``TorchIterable``'s module."""
+    out = _python(
+        "import json, sys, chute.pipeline as p\n"
+        "loader = p.Loader.__module__\n"
+        "before = 'chute.pipeline.torch_iterable' in sys.modules\n"
+        "listed = sorted(set(p.__all__) - set(dir(p)))\n"
+        "print(json.dumps([loader, before, listed, p.TorchIterable.__module__, p.Workers.__module__]))"
+    )
+    assert out == ["chute.pipeline.loader", False, [], "chute.pipeline.torch_iterable", "chute.pipeline.config"]
+
+
+# chute's modules a local Loader's first batch may import (the modules its path runs). A module that joins the path
+# is added here on purpose, after checking that the first batch calls into it (docs/benchmarks.md, "Imports of a
+# local dataset's first Loader"): the import is paid by every program's first Loader.
+ON_THE_PATH = {
+    "chute", "chute._arena", "chute._bounded", "chute._channel", "chute._lazy", "chute._native", "chute._paths",
+    "chute._sizes", "chute._state", "chute._version", "chute.errors",
+    "chute.format", "chute.format.columns", "chute.format.manifest", "chute.format.reader", "chute.format.schema",
+    "chute.format.validate",
+    "chute.observe", "chute.observe.autotune", "chute.observe.counters", "chute.observe.hooks", "chute.observe.inflight",
+    "chute.observe.passes", "chute.observe.watchdog",
+    "chute.order",
+    "chute.pipeline", "chute.pipeline.build", "chute.pipeline.chain", "chute.pipeline.collate", "chute.pipeline.config",
+    "chute.pipeline.gather", "chute.pipeline.indices", "chute.pipeline.lifecycle", "chute.pipeline.loader",
+    "chute.pipeline.randomness", "chute.pipeline.relay", "chute.pipeline.run", "chute.pipeline.spec",
+    "chute.pipeline.stage", "chute.pipeline.task", "chute.pipeline.threads", "chute.pipeline.transform",
+    "chute.storage", "chute.storage.open",
+}
+# Of the packages outside the standard library, chute's path imports only pyarrow (the shards' Arrow IPC reader) and
+# xxhash (the shards' checksum, on a machine that has not verified them yet).
+THIRD_PARTY_ON_THE_PATH = {"pyarrow", "xxhash"}
+
+# The first batch of a local dataset in a fresh process that imported numpy and torch first: each module imported
+# after that is recorded with the chute module (or '-') whose code imported it; the collections Python ran meanwhile
+# are counted per generation, after a gc.collect() (import torch leaves its objects one young collection short of
+# a full one, which whoever allocates next pays: not chute's own).
+_FIRST_BATCH = """
+import gc, json, sys
+import numpy, torch
+importers = {}
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name not in sys.modules and name not in importers:
+            f = sys._getframe(1)
+            while f is not None and f.f_globals.get('__name__', '').startswith(('importlib', '_frozen_importlib')):
+                f = f.f_back
+            who = f.f_globals.get('__name__', '') if f is not None else ''
+            importers[name] = who if who.split('.')[0] == 'chute' else '-'
+        return None
+sys.meta_path.insert(0, Spy())
+gc.collect()
+collections = [0, 0, 0]
+gc.callbacks.append(lambda phase, info: collections.__setitem__(info['generation'], collections[info['generation']] + (phase == 'start')))
+import chute
+loader = chute.Loader(PATH, 8, shuffle=True, seed=0)
+rows = next(iter(loader))['label'].tolist()
+del gc.callbacks[-1]
+loader.close()
+print(json.dumps({'rows': rows, 'importers': importers, 'collections': collections}))
+"""
+
+
+def test_a_local_loaders_first_batch_imports_only_its_path(tmp_path):
+    """The modules a local dataset's first batch imports, beyond numpy and torch: chute's own are those of ON_THE_PATH,
+    and what chute's code imports from outside chute is the standard library, pyarrow and xxhash."""
+    import numpy as np
+
+    import chute
+
+    chute.write(({"x": np.full(3, i, np.uint8), "label": i} for i in range(40)), tmp_path / "ds")
+    out = _python(_FIRST_BATCH.replace("PATH", repr(str(tmp_path / "ds"))))
+    assert sorted(out["rows"]) == sorted(set(out["rows"])) and len(out["rows"]) == 8
+    own = {name for name in out["importers"] if name.split(".")[0] == "chute"}
+    assert sorted(own - ON_THE_PATH) == [], "new on a local Loader's path: lazy, or add to ON_THE_PATH on purpose"
+    outside = {name.split(".")[0] for name, who in out["importers"].items() if who != "-" and name.split(".")[0] != "chute"}
+    assert sorted(outside - set(sys.stdlib_module_names) - THIRD_PARTY_ON_THE_PATH) == []
+    assert "sysconfig" not in out["importers"]  # the hang watchdog's stack filter computes it on a stall's first report
+
+
+def test_a_local_loaders_first_batch_runs_no_full_collection_of_its_own(tmp_path):
+    """After a gc.collect(), importing chute and a local dataset's first batch allocate too little for Python to run
+    a full (generation 2) collection: the one a training script sees after ``import torch`` is torch's."""
+    import numpy as np
+
+    import chute
+
+    chute.write(({"x": np.full(3, i, np.uint8), "label": i} for i in range(40)), tmp_path / "ds")
+    out = _python(_FIRST_BATCH.replace("PATH", repr(str(tmp_path / "ds"))))
+    assert len(out["rows"]) == 8
+    young, middle, full = out["collections"]
+    assert full == 0 and middle <= 2, out["collections"]
