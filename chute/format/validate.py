@@ -376,11 +376,14 @@ def _write_marker(marker: str, record: str, directory: str) -> None:
     try:
         os.makedirs(bucket, exist_ok=True)
         source = os.path.join(bucket, ".dir")
-        if not os.path.exists(source):
+        new = not os.path.exists(source)
+        if new:
             _atomic_write(source, directory)
         _atomic_write(marker, record)
     except OSError:
-        pass
+        return
+    if new:  # a bucket is added only here: a sweep as each is added keeps them to the directories that exist
+        sweep_buckets(os.path.dirname(bucket))
 
 
 def _atomic_write(path: str, text: str) -> None:
@@ -392,8 +395,9 @@ def _atomic_write(path: str, text: str) -> None:
 
 def prune_markers(bucket: str) -> int:
     """Remove the markers in ``bucket`` whose shard file is gone or changed (and the lock files of those
-    gone), the oldest past ``MAX_MARKERS``, and the buckets beside it whose dataset directory is gone; how
-    many markers went."""
+    gone) and the oldest past ``MAX_MARKERS``; how many markers went. (The buckets beside it are swept
+    when a bucket is added, :func:`sweep_buckets`: not on every process's first read, whose first batch
+    would wait for one read per dataset directory this machine ever verified.)"""
     removed = 0
     directory = _read(os.path.join(bucket, ".dir"))
     try:
@@ -423,7 +427,13 @@ def prune_markers(bucket: str) -> int:
         live.sort(key=lambda m: os.stat(m).st_mtime_ns if os.path.exists(m) else 0)
         for marker in live[: len(live) - MAX_MARKERS]:
             removed += _unlink(marker)
-    verified = os.path.dirname(bucket)
+    return removed
+
+
+def sweep_buckets(verified: str) -> int:
+    """Remove the buckets in ``verified`` whose dataset directory is gone (and the markers of the earlier flat
+    layout); how many markers of that layout went."""
+    removed = 0
     try:
         buckets = os.listdir(verified)
     except OSError:
@@ -454,4 +464,4 @@ def _unlink(path: str) -> int:
 
 
 __all__ = ["ShardChecks", "check_batches", "check_bytes", "check_empty_shards", "check_file", "checksum_buffer", "prune_markers",
-           "remember"]
+           "remember", "sweep_buckets"]

@@ -106,6 +106,32 @@ def test_markers_of_rewritten_datasets_do_not_pile_up(tmp_path, cache_dir):
     assert len(_markers(cache_dir)) == 1
 
 
+def test_a_verified_datasets_first_read_looks_into_its_own_bucket_only(tmp_path, cache_dir, monkeypatch):
+    """A process's first read of a dataset this machine verified reads that dataset's markers and nothing of the
+    other datasets' buckets (one read each: a first batch's wait grew with every dataset ever verified here);
+    the buckets of datasets that are gone go when a bucket is added."""
+    others = [chute.write(_samples(), tmp_path / f"other{k}", shard_size=600) for k in range(3)]
+    for other in others:
+        other.get_batch([0])
+    ds = chute.write(_samples(), tmp_path / "ds", shard_size=600)
+    ds.get_batch(list(range(len(ds))))
+    assert _read_in_another_process(ds.root) == "ok"
+    read = []
+    real_read = validate._read
+    with monkeypatch.context() as patch:
+        patch.setattr(validate, "_read", lambda path: read.append(path) or real_read(path))
+        again = chute.open(ds.root)  # a new process's view: no check of this dataset done yet
+        again.get_batch(list(range(len(again))))
+    assert again._checks.hashed == 0
+    own = os.path.dirname(validate._marker_path(os.path.join(ds.root, ds.shards[0].file)))
+    assert read and {os.path.dirname(path) for path in read} == {own}
+    shutil.rmtree(others[0].root)  # gone: its bucket goes when the next bucket is added
+    assert len(os.listdir(cache_dir / "verified")) == 4
+    chute.write(_samples(), tmp_path / "new", shard_size=600).get_batch([0])
+    buckets = {(cache_dir / "verified" / b / ".dir").read_text() for b in os.listdir(cache_dir / "verified")}
+    assert buckets == {os.path.realpath(d) for d in (others[1].root, others[2].root, ds.root, tmp_path / "new")}
+
+
 def test_the_hash_covers_the_bytes_the_reader_maps_not_what_the_path_names_later(tmp_path, cache_dir):
     ds = chute.write(_samples(), tmp_path / "ds", shard_size=600)
     info = ds.shards[0]
