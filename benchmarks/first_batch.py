@@ -311,6 +311,8 @@ def save_imports(data_dir: str, repeats: int, then: list[str]) -> None:
             row("after gc.collect(): from chute import Loader", [x["import_s"] for x in chute], [x["import_cpu_s"] for x in chute]),
             row("after gc.collect(): from chute import Loader, Loader(path) and batch 0 (W2)", [x["first_s"] for x in chute],
                 [x["first_cpu_s"] for x in chute]),
+            row("after gc.collect(): of which Loader(path) and batch 0, after the import", [x["first_s"] - x["import_s"] for x in chute],
+                [x["first_cpu_s"] - x["import_cpu_s"] for x in chute]),
             row("after gc.collect(): torch DataLoader, whole-batch fetch, and batch 0 (W2 .npy)", [x["first_s"] for x in torch],
                 [x["first_cpu_s"] for x in torch]),
             row("import torch's garbage left: from chute import Loader, Loader(path) and batch 0", [x["first_s"] for x in natural],
