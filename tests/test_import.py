@@ -219,5 +219,4 @@ def test_a_local_loaders_first_batch_runs_no_full_collection_of_its_own(tmp_path
     chute.write(({"x": np.full(3, i, np.uint8), "label": i} for i in range(40)), tmp_path / "ds")
     out = _python(_FIRST_BATCH.replace("PATH", repr(str(tmp_path / "ds"))))
     assert len(out["rows"]) == 8
-    young, middle, full = out["collections"]
-    assert full == 0 and middle <= 2, out["collections"]
+    assert out["collections"][2] == 0, out["collections"]  # (young, middle, full): 14, 1, 0 on W2 in the benchmark
