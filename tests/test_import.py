@@ -145,7 +145,7 @@ def test_chute_pipeline_names_are_lazy_through_the_same_helper():
 # is added here on purpose, after checking that the first batch calls into it (docs/benchmarks.md, "Imports of a
 # local dataset's first Loader"): the import is paid by every program's first Loader.
 ON_THE_PATH = {
-    "chute", "chute._arena", "chute._bounded", "chute._channel", "chute._lazy", "chute._native", "chute._paths",
+    "chute", "chute._arena", "chute._bounded", "chute._channel", "chute._lazy", "chute._native", "chute._paths", "chute._sched",
     "chute._sizes", "chute._state", "chute._version", "chute.errors",
     "chute.format", "chute.format.columns", "chute.format.manifest", "chute.format.reader", "chute.format.schema",
     "chute.format.validate",
