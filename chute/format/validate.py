@@ -383,7 +383,7 @@ def _write_marker(marker: str, record: str, directory: str) -> None:
     except OSError:
         return
     if new:  # a bucket is added only here: a sweep as each is added keeps them to the directories that exist
-        sweep_buckets(os.path.dirname(bucket))
+        sweep_buckets(os.path.dirname(bucket), keep=os.path.basename(bucket))
 
 
 def _atomic_write(path: str, text: str) -> None:
@@ -430,15 +430,17 @@ def prune_markers(bucket: str) -> int:
     return removed
 
 
-def sweep_buckets(verified: str) -> int:
+def sweep_buckets(verified: str, keep: str | None = None) -> int:
     """Remove the buckets in ``verified`` whose dataset directory is gone (and the markers of the earlier flat
-    layout); how many markers of that layout went."""
+    layout), all but ``keep`` (the one just added, whose directory is there); how many markers of that layout went."""
     removed = 0
     try:
         buckets = os.listdir(verified)
     except OSError:
         buckets = []
     for other in buckets:
+        if other == keep:
+            continue
         path = os.path.join(verified, other)
         source = _read(os.path.join(path, ".dir"))
         if source is not None and not os.path.isdir(source):
