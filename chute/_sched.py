@@ -16,8 +16,8 @@ CPUs are all busy each of those wake-ups would wait for a time slice to end.
 compute and moves it back to the default class while they mostly wait, many
 times per task (a wait for the GIL, once or twice a task, does not count: a
 woken thread that preempts the loop only to wait for the GIL is what the
-batch class avoids). No privilege is needed to move a thread between the two. Elsewhere (macOS,
-Windows) nothing changes.
+batch class avoids). No privilege is needed to move a thread between the
+two. Elsewhere (macOS, Windows) nothing changes.
 
 ``CHUTE_THREAD_POLICY=normal`` in the environment keeps chute's threads in
 the default class (to compare, or where a scheduler treats the class

@@ -143,8 +143,7 @@ def test_chute_pipeline_names_are_lazy_through_the_same_helper():
 
 # chute's modules a local Loader's first batch may import (the modules its path runs). A module that joins the path
 # is added here on purpose, after checking that the first batch calls into it (docs/benchmarks.md, "Imports of a
-# local dataset's first Loader"): the import is paid by every program's first Loader. (chute.pipeline.kept: a pass
-# asks for the Loader's kept stage threads before it knows it has no stage on a thread of its own.)
+# local dataset's first Loader"): the import is paid by every program's first Loader.
 ON_THE_PATH = {
     "chute", "chute._arena", "chute._bounded", "chute._channel", "chute._lazy", "chute._native", "chute._paths", "chute._sched",
     "chute._sizes", "chute._state", "chute._version", "chute.errors",
@@ -154,7 +153,7 @@ ON_THE_PATH = {
     "chute.observe.passes", "chute.observe.watchdog",
     "chute.order",
     "chute.pipeline", "chute.pipeline.build", "chute.pipeline.chain", "chute.pipeline.collate", "chute.pipeline.config",
-    "chute.pipeline.gather", "chute.pipeline.indices", "chute.pipeline.kept", "chute.pipeline.lifecycle", "chute.pipeline.loader",
+    "chute.pipeline.gather", "chute.pipeline.indices", "chute.pipeline.lifecycle", "chute.pipeline.loader",
     "chute.pipeline.randomness", "chute.pipeline.relay", "chute.pipeline.run", "chute.pipeline.spec",
     "chute.pipeline.stage", "chute.pipeline.task", "chute.pipeline.threads", "chute.pipeline.transform",
     "chute.storage", "chute.storage.open",

@@ -88,6 +88,8 @@ def _relays(loader: Any, run: Pass) -> None:
         from chute.pipeline.device_copy import DeviceCopy
 
         stages.append(DeviceCopy(loader._copier()))
+    if not stages:
+        return
     assert run.feed is not None
     take = run.feed.take
     kept = loader._kept_threads()

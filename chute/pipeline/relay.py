@@ -19,13 +19,15 @@ The loop runs as a job on a thread the Loader keeps across its passes
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chute._channel import Channel, Closed, Failure
 from chute._sched import CHECK_EVERY, Adaptive
 from chute.observe.counters import nbytes_of
-from chute.pipeline.kept import Kept
 from chute.pipeline.transform import StageError
+
+if TYPE_CHECKING:
+    from chute.pipeline.kept import Kept
 
 
 class Relay:
