@@ -132,8 +132,8 @@ SLOW_WINDOW_NS = 500_000_000
 STEPS = 32
 #: The workload changed when the time per batch of the loop's own work, or of the workers', in all but one of
 #: the last ``JUDGE`` windows at a thread count differs by this factor (the same way) from its median over the
-#: first ``JUDGE`` windows at that count: the judged trials are re-opened (see Policy._reopen). A 0.03 s window's figures vary by
-#: +-30% on a shared 2-core machine: one such window differs from the median of others by less than 1.3 / 0.7.
+#: first ``JUDGE`` windows at that count: the judged trials are re-opened (see Policy._reopen). A short window's
+#: figures are noisy on a shared machine (docs/observe.md, "Re-open the trials"): the factor stays clear of that noise.
 SHIFT = 2.0
 #: A time per batch (the loop's, the workers') counts for a change of workload only when it is at least this
 #: share of the time between batches: a loop that only takes batches spends microseconds on each, whose

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import chute
+from tests.pipeline._helpers import gone_without_a_collection
 
 N, BATCH = 240, 8
 
@@ -199,14 +200,7 @@ def test_a_loader_out_of_scope_is_freed_without_a_garbage_collection(ds, how):
         assert len(loader_threads()) == 2
         return weakref.ref(loader)
 
-    gc.collect()
-    gc.disable()
-    try:
-        gone = use()
-        assert gone() is None
-        assert loader_threads() == []
-    finally:
-        gc.enable()
+    gone_without_a_collection(use, loader_threads)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import chute
+from tests.pipeline._helpers import gone_without_a_collection
 
 N, BATCH = 240, 8
 
@@ -136,14 +137,7 @@ def test_an_unclosed_loader_out_of_scope_stops_its_stage_threads_without_a_garba
         assert len(stage_threads()) == 2
         return weakref.ref(loader)
 
-    gc.collect()
-    gc.disable()
-    try:
-        gone = use()
-        assert gone() is None
-        assert stage_threads() == []
-    finally:
-        gc.enable()
+    gone_without_a_collection(use, stage_threads)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -1,0 +1,20 @@
+"""What tests of the pipeline share."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable
+
+
+def gone_without_a_collection(use: Callable[[], weakref.ref], left: Callable[[], list]) -> None:
+    """``use()`` makes a Loader, uses it and returns a weak reference to it: with the garbage collector off, the
+    Loader is gone once ``use`` returns (it is in no reference cycle) and ``left()`` (its threads) is empty."""
+    gc.collect()
+    gc.disable()
+    try:
+        gone = use()
+        assert gone() is None
+        assert left() == []
+    finally:
+        gc.enable()
