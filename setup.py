@@ -1,5 +1,5 @@
 """The native extensions, compiled when chute is installed: chute._native (every C file in chute/_csrc)
-and, where the system's libjpeg-turbo headers are present, chute._jpeg (partial JPEG decoding).
+and, where the system's libjpeg-turbo headers are present, chute._jpeg (partial and batch JPEG decoding).
 
 Everything else about the package is in pyproject.toml; the extension is here
 because setuptools' ``[tool.setuptools.ext-modules]`` table is still
@@ -25,11 +25,14 @@ setup(
             extra_compile_args=["-O3", "-fvisibility=hidden"],
         ),
         # Partial JPEG decoding against the system's libjpeg-turbo (Debian/Ubuntu: libjpeg-turbo8-dev or
-        # libjpeg62-turbo-dev). Optional: without the headers the install goes on and chute.images decodes
-        # whole images with simplejpeg.
+        # libjpeg62-turbo-dev), and the batch decode that writes each image with chute._native's crop and
+        # resample kernels (kernels.c compiles planes.c and resample.c again, without their Python entry
+        # points). Optional: without the headers the install goes on and chute.images decodes whole images
+        # with simplejpeg.
         Extension(
             "chute._jpeg",
-            sources=["chute/_jpegsrc/jpeg.c"],
+            sources=["chute/_jpegsrc/jpeg.c", "chute/_jpegsrc/kernels.c"],
+            depends=["chute/_csrc/planes.c", "chute/_csrc/resample.c", "chute/_csrc/kernels.h", "chute/_csrc/native.h"],
             libraries=["jpeg"],
             extra_compile_args=["-O3", "-fvisibility=hidden"],
             optional=True,

@@ -2,6 +2,7 @@
  * models take it), optionally mirrored. numpy's copy of a transposed view moves one byte at a
  * time (about 60 us for 224 x 224 here); with SSSE3, 16 pixels take three loads, nine shuffles
  * and three stores (about 11 us). */
+#include "kernels.h"
 #include "native.h"
 
 #ifdef CH_X86_SIMD
@@ -74,6 +75,18 @@ __attribute__((target("ssse3"))) static void planes_ssse3(const uint8_t *src, in
 }
 #endif
 
+void ch_planes_run(const uint8_t *src, int64_t width, int64_t x0, int64_t y0, int64_t h, int64_t w, uint8_t *dst, int flip)
+{
+#ifdef CH_SSSE3
+    if (__builtin_cpu_supports("ssse3")) {
+        planes_ssse3(src, width, x0, y0, h, w, dst, flip);
+        return;
+    }
+#endif
+    planes_scalar(src, width, x0, y0, h, w, dst, flip);
+}
+
+#ifndef CH_KERNELS_ONLY /* chute._jpeg compiles the kernel alone (chute/_jpegsrc/kernels.c) */
 PyObject *ch_planes(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     (void)module;
@@ -111,19 +124,15 @@ PyObject *ch_planes(PyObject *module, PyObject *const *args, Py_ssize_t nargs, P
         ch_release(&out);
         return NULL;
     }
-    void (*run)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, int64_t, uint8_t *, int) = planes_scalar;
-#ifdef CH_SSSE3
-    if (__builtin_cpu_supports("ssse3"))
-        run = planes_ssse3;
-#endif
     if (out.len >= CH_RELEASE_GIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        run(image.buf, width, x0, y0, h, w, out.buf, flip);
+        ch_planes_run(image.buf, width, x0, y0, h, w, out.buf, flip);
         Py_END_ALLOW_THREADS
     } else {
-        run(image.buf, width, x0, y0, h, w, out.buf, flip);
+        ch_planes_run(image.buf, width, x0, y0, h, w, out.buf, flip);
     }
     ch_release(&image);
     ch_release(&out);
     return Py_NewRef(Py_None);
 }
+#endif /* CH_KERNELS_ONLY */

@@ -14,6 +14,7 @@
  * The normalisation is a table of 256 values per channel (float32 or float16 bits), so
  * ``(pixel / 255 - mean) / std`` costs one load per value and gives exactly what the float
  * arithmetic gave when the table was made. */
+#include "kernels.h"
 #include "native.h"
 
 #include <math.h>
@@ -91,16 +92,7 @@ static inline uint8_t clip8(int32_t v)
     return v <= 0 ? 0 : (uint8_t)(v >> RS_BITS);
 }
 
-typedef struct {
-    const uint8_t *src;
-    int64_t height, width;
-    float box[4]; /* single precision, as Pillow takes it: the weights depend on it */
-    int64_t oh, ow;
-    int flip;
-    void *out;
-    const void *lut; /* NULL (uint8 output), or 3 x 256 values of lut_size bytes */
-    int lut_size;
-} Job;
+typedef ChResampleJob Job; /* kernels.h */
 
 /* Writes output row yy from its 3 * ow values (interleaved RGB): one plane per channel, mirrored
  * with flip (d walks backwards), through the lookup table when there is one. */
@@ -243,8 +235,8 @@ __attribute__((target("avx2"))) static void horizontal_row_avx2(const uint8_t *s
 
 /* 0, or -1 out of memory. As Pillow: the horizontal pass over the input rows the vertical pass reads,
  * then the vertical pass; a pass whose box is the whole side at the same size is skipped (it would
- * copy). */
-static int resample_run(const Job *job)
+ * copy). The caller has checked the job (ch_resample, or chute._jpeg's batch decode): see kernels.h. */
+int ch_resample_run(const Job *job)
 {
     Coeffs h = {0}, v = {0};
     int32_t *acc = NULL;
@@ -308,6 +300,7 @@ done:
     return rc;
 }
 
+#ifndef CH_KERNELS_ONLY /* chute._jpeg compiles the kernel alone (chute/_jpegsrc/kernels.c) */
 PyObject *ch_resample(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     (void)module;
@@ -374,7 +367,7 @@ PyObject *ch_resample(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
     job.out = out.buf;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = resample_run(&job);
+    rc = ch_resample_run(&job);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         PyErr_NoMemory();
@@ -387,3 +380,4 @@ done:
     ch_release(&lut);
     return result;
 }
+#endif /* CH_KERNELS_ONLY */

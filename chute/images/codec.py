@@ -180,10 +180,11 @@ class _Scratch:
         self.largest = 0  # the largest need of this window's decodes
         self.calls = 0
 
-    def take(self, nbytes: int) -> np.ndarray:
+    def take(self, nbytes: int, decodes: int = 1) -> np.ndarray:
+        """A buffer of at least ``nbytes``, for ``decodes`` decodes (a batch's, all at most ``nbytes``)."""
         need = max(int(nbytes), BUFFER_FLOOR)
         self.largest = max(self.largest, need)
-        self.calls += 1
+        self.calls += decodes
         if self.calls >= WINDOW:
             if self.buffer is not None and self.buffer.nbytes > SHRINK * self.largest:
                 self.buffer = np.empty(self.largest, dtype=np.uint8)  # the outlier's buffer goes back
@@ -221,6 +222,12 @@ class Decoder:
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         return self._scratch().take(nbytes)
+
+    def batch_buffer(self, nbytes: int, decodes: int) -> np.ndarray:
+        """The calling thread's buffer for ``decodes`` decodes of at most ``nbytes`` each, one after another
+        in one native call (``chute._jpeg.decode_batch``): counted as that many decodes for giving back
+        an outlier's buffer (:class:`_Scratch`)."""
+        return self._scratch().take(nbytes, decodes)
 
     @property
     def buffer_nbytes(self) -> int:

@@ -79,6 +79,11 @@ class Renderer:
         self._table = normalize.table() if normalize is not None else None
         self._local = threading.local()  # a float32 scratch image per thread, for float16 output
 
+    @property
+    def table(self) -> np.ndarray | None:
+        """:meth:`Normalize.table`, or None for uint8 output: what ``chute._native.resample`` takes as ``lut``."""
+        return self._table
+
     def __getstate__(self) -> dict:
         return {"normalize": self.normalize}
 

@@ -24,12 +24,13 @@ skips step 1's header and step 4's decode.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from chute.images.codec import MAX_PIXELS, Decoder, ImageTooLargeError
+from chute.images.codec import MAX_PIXELS, Decoder, ImageTooLargeError, partial_decoder
 from chute.images.plan import CenterCrop, HorizontalFlip, Op, Plan, RandomCrop, RandomResizedCrop, Resize, dct_scale
 from chute.images.render import Normalize, Renderer
 
@@ -120,9 +121,13 @@ class Decode:
     def transform_batch(self, batch: dict[str, Any], ctx: Any) -> dict[str, Any] | None:
         """The batch with ``column`` decoded into one block ``[n, 3, h, w]`` (see the module docstring).
 
-        Per image, the Python around the native calls is kept to a few lines (it holds the GIL, which
-        the other loader threads wait for): the header is read once, the geometry, DCT scales and decode
-        regions are worked out for the whole batch in numpy, and the loop reads plain lists.
+        Where ``chute._jpeg`` was built (accurate mode), the batch's JPEGs take two native calls in all,
+        each with the GIL released once: their headers (:func:`chute._jpeg.headers`), then, after the
+        geometry is planned in numpy, every decode and its crop or resample into the block
+        (:func:`chute._jpeg.decode_batch`). A loader thread that released and took back the GIL three
+        times per image, with Python between, was often descheduled holding it on a busy machine, and
+        the training loop waited for it. Anything else (stored pixels, fast mode, other formats, a
+        JPEG the batch call refused) goes image by image, and a failure gives the same error either way.
         """
         if self.column not in batch:
             raise KeyError(f"chute.images.Decode: the batch has no column {self.column!r} (its columns: {sorted(batch)})")
@@ -130,33 +135,114 @@ class Decode:
         n = len(images)
         sizes = np.ones((n, 2), dtype=np.int64)
         headers: list[tuple[int, int, str | None] | None] = [None] * n
+        native = None if stored or n == 0 else batch_decoder(self.decoder)
+        batched = np.zeros(n, dtype=bool)
+        if native is not None:
+            found = np.empty((n, 3), dtype=np.int64)
+            native.headers(images, found)
+            batched = found[:, 2] == 1
+            if self.max_pixels is not None:  # over the limit: refused image by image below, with its error
+                batched &= found[:, 0] * found[:, 1] <= self.max_pixels
+            sizes[batched] = found[batched, :2]
         header = self.decoder.header
-        for j in range(n):
-            try:
-                if stored:
-                    sizes[j] = images[j].shape[1:]
-                else:
-                    headers[j] = found = header(images[j])
-                    sizes[j, 0], sizes[j, 1] = found[0], found[1]
-            except ImageTooLargeError as exc:
-                ctx.fail(j, f"the image in column {self.column!r} is too large", exc)
-            except Exception as exc:
-                ctx.fail(j, f"cannot read the image header in column {self.column!r}", exc)
+        for j in np.flatnonzero(~batched).tolist():
+            self._header(j, images, stored, sizes, headers, header, ctx)
         plan = self.plan(sizes, ctx)
-        integral = plan.integral().tolist()
+        integral = plan.integral()
         h, w = self.size
         out = ctx.take((n, 3, h, w), self.dtype)
         slots = out.numpy()
-        render = self.renderer.render
         fast = self.fast and not stored
         scales = dct_scale(sizes, plan.box, plan.out) if self.scaled and not fast and not stored else None
+        failed = set(ctx.skipped)
+        done: set[int] = set()
+        if native is not None and slots.flags.c_contiguous:
+            todo = batched.copy()
+            todo[list(failed)] = False
+            if todo.any():
+                done = self._decode_batch(native, images, todo, sizes, plan, integral, scales, slots)
+        if len(done) + len(failed) < n:
+            self._decode_each(images, stored, sizes, headers, plan, integral, scales, slots, failed | done, ctx)
+        batch = dict(batch)
+        batch[self.column] = out
+        if ctx.skipped:
+            return _without(batch, sorted(set(ctx.skipped)), n)
+        return batch
+
+    def _header(
+        self, j: int, images: Any, stored: bool, sizes: np.ndarray, headers: list[tuple[int, int, str | None] | None], header: Any,
+        ctx: Any,
+    ) -> bool:
+        """Image ``j``'s size into ``sizes[j]`` (and its header into ``headers[j]``); False where it failed (``ctx.fail``)."""
+        try:
+            if stored:
+                sizes[j] = images[j].shape[1:]
+            else:
+                headers[j] = found = header(images[j])
+                sizes[j, 0], sizes[j, 1] = found[0], found[1]
+            return True
+        except ImageTooLargeError as exc:
+            ctx.fail(j, f"the image in column {self.column!r} is too large", exc)
+        except Exception as exc:
+            ctx.fail(j, f"cannot read the image header in column {self.column!r}", exc)
+        return False
+
+    def _decode_batch(
+        self, native: Any, images: Any, todo: np.ndarray, sizes: np.ndarray, plan: Plan, integral: np.ndarray,
+        scales: np.ndarray | None, slots: np.ndarray,
+    ) -> set[int]:
+        """Decode the images ``todo`` (JPEGs whose headers ``chute._jpeg.headers`` read) into their slots in one
+        native call; the positions it wrote. Each image is decoded as the per-image path decodes it: at
+        its DCT scale, the region around its box (:func:`_bounds`) or the whole image, then copied or
+        resampled with the same kernels; those that fail are left to the per-image path, which gives their error."""
+        n = len(todo)
+        if scales is None:  # scaled=False: whole images, in full
+            scales = np.ones(n, dtype=np.int64)
+            high, wide = sizes[:, 0], sizes[:, 1]
+            boxes = plan.box
+            bounds = np.stack([np.zeros(n, np.int64), np.zeros(n, np.int64), wide, high], axis=1)
+        else:
+            high, wide = -(-sizes[:, 0] // scales), -(-sizes[:, 1] // scales)
+            boxes, bounds = _bounds(sizes, plan.box, plan.out, scales)
+        jobs = np.empty((n, 8), dtype=np.int64)
+        jobs[:, 0] = todo
+        jobs[:, 1] = scales
+        jobs[:, 2:6] = bounds
+        jobs[:, 6] = plan.flip
+        jobs[:, 7] = integral & (scales == 1)
+        need = high * wide * 3
+        buffer = self.decoder.batch_buffer(int(need[todo].max()), int(todo.sum()))
+        limit = 0 if self.max_pixels is None else min(self.max_pixels, 2**64 - 1)  # 0: none (a C unsigned long long)
+        h, w = self.size
+        failures = native.decode_batch(
+            images, jobs, np.ascontiguousarray(boxes, dtype=np.float64), buffer, slots, h, w, self.renderer.table, limit,
+        )
+        done = set(np.flatnonzero(todo).tolist())
+        done.difference_update(j for j, _ in failures)
+        return done
+
+    def _decode_each(
+        self, images: Any, stored: bool, sizes: np.ndarray, headers: list[tuple[int, int, str | None] | None], plan: Plan,
+        integral_array: np.ndarray, scales: np.ndarray | None, slots: np.ndarray, skip: set[int], ctx: Any,
+    ) -> None:
+        """Decode image by image (in the thread's reused buffer, three native calls each) every image not in ``skip``.
+
+        Per image, the Python around the native calls is kept to a few lines (it holds the GIL, which the
+        other loader threads wait for): the geometry, DCT scales and decode regions are worked out for the
+        whole batch in numpy, and the loop reads plain lists.
+        """
+        h, w = self.size
+        render = self.renderer.render
         regions = _regions(sizes, plan.box, plan.out, scales) if scales is not None and self.decoder.partial else None
+        integral = integral_array.tolist()
         boxes, flips = plan.box.tolist(), plan.flip.tolist()
         scale_list = None if scales is None else scales.tolist()
-        failed = set(ctx.skipped)
-        for j in range(n):
-            if j in failed:
+        header = self.decoder.header
+        for j in range(len(images)):
+            if j in skip:
                 continue
+            if not stored and headers[j] is None and not self._header(j, images, stored, sizes, headers, header, ctx):
+                continue  # (a JPEG the batch call read the header of but could not decode: read as before, for its error)
             try:
                 if stored:
                     pixels, box, whole = images[j], boxes[j], integral[j]
@@ -169,11 +255,6 @@ class Decode:
                 render(pixels, box, (h, w), flips[j], whole, slots[j], chw=stored)
             except Exception as exc:
                 ctx.fail(j, f"cannot decode the image in column {self.column!r}", exc)
-        batch = dict(batch)
-        batch[self.column] = out
-        if ctx.skipped:
-            return _without(batch, sorted(set(ctx.skipped)), n)
-        return batch
 
     def _decode(
         self, data: Any, header: tuple[int, int, str | None] | None, size: np.ndarray, box: list[float], out: np.ndarray,
@@ -221,9 +302,10 @@ def _images(column: Any) -> tuple[Sequence[Any] | np.ndarray, bool]:
     return column, False
 
 
-def _regions(sizes: np.ndarray, box: np.ndarray, out: np.ndarray, scales: np.ndarray) -> list[tuple[list[float], list[int]] | None]:
-    """Per image, for a decode of part of it at 1/``scales[j]``: ``(box, [x0, y0, x1, y1])``, the box in the
-    scaled image and the pixels to decode, or None when that is the whole image (the batch at once, in numpy).
+def _bounds(sizes: np.ndarray, box: np.ndarray, out: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per image, for a decode at 1/``scales[j]``: ``(boxes, bounds)``, the box in the scaled image (float
+    ``[n, 4]``) and the pixels to decode (int ``[n, 4]``: ``x0, y0, x1, y1``; the whole scaled image where
+    the region would reach all its edges), the batch at once, in numpy.
 
     The region is the box widened by what the resample reads around it (the bilinear filter's support,
     the box / output ratio when shrinking, plus one for rounding) and one column more on each side for
@@ -239,10 +321,22 @@ def _regions(sizes: np.ndarray, box: np.ndarray, out: np.ndarray, scales: np.nda
     y0 = np.maximum(0, np.floor(by0).astype(np.int64) - margin_y)
     x1 = np.minimum(w, np.ceil(bx1).astype(np.int64) + margin_x)
     y1 = np.minimum(h, np.ceil(by1).astype(np.int64) + margin_y)
-    whole = ((x0 == 0) & (y0 == 0) & (x1 == w) & (y1 == h)).tolist()
-    scaled = np.stack([bx0, by0, bx1, by1], axis=1).tolist()
-    bounds = np.stack([x0, y0, x1, y1], axis=1).tolist()
-    return [None if whole[j] else (scaled[j], bounds[j]) for j in range(len(whole))]
+    return np.stack([bx0, by0, bx1, by1], axis=1), np.stack([x0, y0, x1, y1], axis=1)
+
+
+def _regions(sizes: np.ndarray, box: np.ndarray, out: np.ndarray, scales: np.ndarray) -> list[tuple[list[float], list[int]] | None]:
+    """Per image, for a decode of part of it at 1/``scales[j]``: ``(box, [x0, y0, x1, y1])``, the box in the
+    scaled image and the pixels to decode (:func:`_bounds`), or None when that is the whole image."""
+    boxes, bounds = _bounds(sizes, box, out, scales)
+    h, w = -(-sizes[:, 0] // scales), -(-sizes[:, 1] // scales)
+    whole = ((bounds[:, 0] == 0) & (bounds[:, 1] == 0) & (bounds[:, 2] == w) & (bounds[:, 3] == h)).tolist()
+    scaled, pixels = boxes.tolist(), bounds.tolist()
+    return [None if whole[j] else (scaled[j], pixels[j]) for j in range(len(whole))]
+
+
+def batch_decoder(decoder: Decoder) -> ModuleType | None:
+    """``chute._jpeg`` where a batch's JPEGs are decoded in one native call (built, accurate mode), else None."""
+    return partial_decoder() if decoder.partial else None
 
 
 def _min_size(size: np.ndarray, box: np.ndarray, out: np.ndarray) -> tuple[int, int]:
