@@ -12,7 +12,9 @@ in the worker, it
 4. for each image: decodes it, or only the region its box needs, into the
    thread's reused buffer (chute._jpeg or simplejpeg, GIL released), crops or
    resamples it, mirrors it, and writes it CHW (normalised, with
-   :class:`Normalize`) into its slot of the block,
+   :class:`Normalize`) into its slot of the block: for the batch's JPEGs, where
+   chute._jpeg was built, all of them in one native call (and step 1's headers
+   in another), the GIL released once each,
 
 and returns the batch with the column replaced by the block. No per-image
 tensor, no collate copy. The other columns pass through.
