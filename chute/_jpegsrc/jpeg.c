@@ -279,8 +279,9 @@ struct batch {
     unsigned long long max_pixels;
 };
 
-/* Image j of the batch into its slot: NULL, or what went wrong. */
-static const char *one(const struct batch *b, Py_ssize_t j, const Py_buffer *data)
+/* Image j of the batch into its slot: NULL, or what went wrong (a static string, or libjpeg's message
+ * copied into `message`, JMSG_LENGTH_MAX bytes: the error manager's copy dies with this frame). */
+static const char *decode_one(const struct batch *b, Py_ssize_t j, const Py_buffer *data, char *message)
 {
     const int64_t *job = b->jobs + JOB_FIELDS * j;
     const double *box = b->boxes + 4 * j;
@@ -305,7 +306,10 @@ static const char *one(const struct batch *b, Py_ssize_t j, const Py_buffer *dat
     fail.mgr.emit_message = on_message;
     const char *problem = run(&cinfo, &fail, &r);
     jpeg_destroy_decompress(&cinfo);
-    if (problem != NULL) return problem;
+    if (problem != NULL) {
+        snprintf(message, JMSG_LENGTH_MAX, "%s", problem);
+        return message;
+    }
     /* The decoded block: rows [y0, y1) and columns [left, left + width) of the scaled image. */
     int64_t height = (int64_t)(r.y1 - r.y0), width = (int64_t)r.width;
     double x0 = box[0] - (double)r.left, y0 = box[1] - (double)r.y0, x1 = box[2] - (double)r.left, y1 = box[3] - (double)r.y0;
@@ -442,11 +446,10 @@ static PyObject *decode_batch(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t j = 0; j < n; j++) {
         if (!b.jobs[JOB_FIELDS * j + J_DO]) continue;
-        const char *problem = ok[j] ? one(&b, j, &views[j]) : "the image is not a buffer";
-        if (problem != NULL) {
-            strncpy(messages + j * JMSG_LENGTH_MAX, problem, JMSG_LENGTH_MAX - 1);
-            problems[j] = messages + j * JMSG_LENGTH_MAX;
-        }
+        char *message = messages + j * JMSG_LENGTH_MAX;
+        const char *problem = ok[j] ? decode_one(&b, j, &views[j], message) : "the image is not a buffer";
+        if (problem != NULL && problem != message) snprintf(message, JMSG_LENGTH_MAX, "%s", problem);
+        if (problem != NULL) problems[j] = message;
     }
     Py_END_ALLOW_THREADS
     result = PyList_New(0);
