@@ -415,6 +415,10 @@ static PyObject *decode_batch(PyObject *self, PyObject *args)
                      n * JOB_FIELDS * (Py_ssize_t)sizeof(int64_t), n * 4 * (Py_ssize_t)sizeof(double));
         goto done;
     }
+    if (n > 0 && b.slot > PY_SSIZE_T_MAX / n) {
+        PyErr_Format(PyExc_ValueError, "%zd slots of %lld bytes do not fit in memory", n, (long long)b.slot);
+        goto done;
+    }
     if (writable(scratch_obj, &scratch, 1, 1, "scratch") < 0 || writable(out_obj, &out, n * b.slot, 0, "out") < 0) goto done;
     b.jobs = jobs.buf;
     b.boxes = boxes.buf;

@@ -227,6 +227,9 @@ def test_decode_batch_refuses_jobs_and_buffers_that_do_not_fit():
         native.decode_batch([data], jobs, boxes, scratch, out, 32, 64)
     with pytest.raises(ValueError, match="jobs holds"):
         native.decode_batch([data, data], jobs, boxes, scratch, np.empty((2, 3, 32, 32), np.uint8), 32, 32)
+    many = 11_000  # slots of 3 x 2**24 x 2**24 bytes: more than an address space holds
+    with pytest.raises(ValueError, match="do not fit in memory"):
+        native.decode_batch([data] * many, np.zeros((many, 8), np.int64), np.zeros((many, 4)), scratch, out, 1 << 24, 1 << 24)
     for bad in ([1, 3, 0, 0, 80, 64, 0, 0], [1, 1, 5, 0, 5, 64, 0, 0], [1, 1, -1, 0, 80, 64, 0, 0]):
         with pytest.raises(ValueError, match="scale of 1, 2, 4 or 8 and a non-empty region"):
             native.decode_batch([data], np.array([bad], dtype=np.int64), boxes, scratch, out, 32, 32)
