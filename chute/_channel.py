@@ -46,9 +46,22 @@ class SlotFull(ChuteError):
 
 
 class Channel:
-    """``slots`` in-order slots between any number of producers and one consumer."""
+    """``slots`` in-order slots between any number of producers and one consumer.
 
-    def __init__(self, slots: int, *, reserve: bool = False) -> None:
+    ``keep=True``: a result the consumer took stays referenced by the channel
+    until the first ``put`` after the consumer has taken two later steps. A
+    batch the training loop has dropped (a loop holds the batch it works on,
+    and the one before it while in ``next()``) then loses its last reference on a
+    producer's thread, not on the loop's: freeing
+    a tensor releases the GIL in torch (and a tensor over numpy memory, as the
+    Loader's blocks are, takes it back in its deleter), and a worker that
+    takes the GIL in that gap keeps the loop waiting, for a whole time slice
+    of the CPU when the worker is then preempted on a busy machine
+    (docs/loader.md, "Workers"). Nothing is kept beyond that: a batch the
+    consumer still holds is only un-referenced, and ``close`` lets go of all.
+    """
+
+    def __init__(self, slots: int, *, reserve: bool = False, keep: bool = False) -> None:
         if slots < 1:
             raise ValueError(f"a channel needs at least one slot, got {slots}")
         self.slots = slots
@@ -60,6 +73,12 @@ class Channel:
         self._free = [threading.Lock() for _ in range(slots)] if reserve else None
         self.closed = False
         self._front = 0  # the consumer's side: the step where the run of results last seen ended (count_ready)
+        # keep=True (see the class): results taken, by step modulo twice the slots (a put lets go of one long
+        # before the consumer's take of that place), the last step taken, and the first not let go of yet
+        self._kept: list[Any] | None = [None] * (2 * slots) if keep else None
+        self._size = 2 * slots
+        self._taken = -1
+        self._let_go = 0
 
     # ------------------------------------------------------------------ producers
 
@@ -78,6 +97,17 @@ class Channel:
             if not self.closed:
                 raise SlotFull(f"chute: step {step} was put into slot {i} of {self.slots}, which still holds a step the consumer has not taken (a bug in chute: please report it)") from None
             self._items[i] = None  # closed meanwhile: the item is dropped
+        kept = self._kept
+        if kept is not None:  # let go of the steps before the last two taken (see the class)
+            j, end = self._let_go, self._taken - 1
+            if j < end:
+                self._let_go = end
+                size = self._size
+                if j < end - size:
+                    j = end - size
+                while j < end:  # (after the item is in: the consumer never waits for what is freed here)
+                    kept[j % size] = None
+                    j += 1
 
     def reserve(self, step: int) -> bool:
         """Wait until the slot of ``step`` is free (a single producer pulling from a source); False once closed."""
@@ -102,9 +132,15 @@ class Channel:
             raise Closed(step)
         item = self._items[i]
         self._items[i] = None
+        kept = self._kept
+        if kept is not None:
+            kept[step % self._size] = item  # (what it replaces was let go of by a put, unless none came for long)
+            self._taken = step
         if self._free is not None:
             self._free[i].release()
         if item.__class__ is Failure:
+            if kept is not None:
+                kept[step % self._size] = None  # (its traceback holds frames)
             try:
                 raise item.exc
             finally:  # the traceback holds this frame: its locals must not hold the exception (a reference cycle)
@@ -148,6 +184,8 @@ class Channel:
             return
         self.closed = True
         self._items = [None] * self.slots
+        if self._kept is not None:
+            self._kept = [None] * self._size
         for lock in self._full:
             if lock.locked():
                 lock.release()

@@ -56,7 +56,7 @@ def start(loader: Any, run: Pass) -> None:
         _progressive_epoch(loader, run)
     chain, counters = loader.chain, loader.counters
     run.indices = loader.root.table(run)
-    run.channel = Channel(max(1, run.steps) if run.steps <= SHORT_PASS else MAX_DEPTH)
+    run.channel = Channel(max(1, run.steps) if run.steps <= SHORT_PASS else MAX_DEPTH, keep=True)
     # A remote dataset's shards are downloaded ahead and held by this process, also for worker
     # processes: they read under this process's hold (and its share of a node cache).
     run.fetcher = _fetcher(loader, run)

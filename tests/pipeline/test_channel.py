@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -91,3 +92,47 @@ def test_count_ready_agrees_with_the_slots_under_random_puts_takes_failures_and_
             if channel.closed:
                 break
         assert checks
+
+
+class _Batch:
+    """A stand-in for a batch: weakly referenceable, so a test sees when its last reference goes."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+
+def test_a_kept_channel_lets_go_of_a_result_at_the_first_put_after_two_later_takes():
+    channel = Channel(4, keep=True)
+    gone: list[int] = []
+    for step in range(3):
+        batch = _Batch(step)
+        weakref.finalize(batch, gone.append, step)
+        channel.put(step, (batch,))
+        del batch
+    for step in range(3):
+        assert channel.take(step)[0].step == step  # (the consumer drops each at once)
+    assert gone == []  # taken and dropped, but kept by the channel until a producer's put
+    channel.put(3, (_Batch(3),))
+    assert gone == [0]  # on the producer's thread; 1 and 2, the last two taken, are still kept
+    channel.close()
+    assert sorted(gone) == [0, 1, 2]  # close lets go of everything
+
+
+def test_a_kept_result_the_consumer_still_holds_is_only_unreferenced():
+    channel = Channel(2, keep=True)
+    held = []
+    for step in range(6):
+        channel.put(step, (_Batch(step),))
+        held.append(channel.take(step))
+    assert [h[0].step for h in held] == list(range(6))  # every result the consumer holds is intact
+    ref = weakref.ref(held[0][0])
+    del held
+    assert ref() is None  # let go of already: the consumer's reference was the last
+
+
+def test_a_failure_taken_from_a_kept_channel_is_not_kept():
+    channel = Channel(2, keep=True)
+    channel.put(0, Failure(KeyError("bad sample")))
+    with pytest.raises(KeyError):
+        channel.take(0)
+    assert channel._kept == [None] * 4  # (a kept exception would hold the frames of its traceback)
