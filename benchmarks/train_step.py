@@ -45,7 +45,10 @@ on a machine other jobs share, whose speed drifts by tens of percent from one
 minute to the next, configurations a minute apart in fresh processes are not
 compared like for like; passes a second apart are. Its tables are
 ``<workload>-<load>-paired``; the settings chute's rows ended with (threads,
-prefetch) are kept in the JSON.
+prefetch) are kept in the JSON. Its column "loop blocked per step" counts the
+loop thread's blocking waits (voluntary context switches, less the step's own
+sleep): in ``next()`` for a batch not ready, a lock, or the GIL a loader thread
+took; a count, steadier than a rate on a busy machine (Linux only).
 
     python benchmarks/train_step.py --repeats 5
     python benchmarks/train_step.py --only w2 --burners 2 --repeats 5
@@ -103,10 +106,15 @@ def step(gil_s: float, wait_s: float) -> None:
     time.sleep(wait_s)
 
 
-def run_passes(make_iter, steps_per_pass: int, passes: int, gil_s: float, wait_s: float) -> list[float]:
-    """Steps/s of each pass, timed from ``iter()`` to the end of its last step."""
+def run_passes(make_iter, steps_per_pass: int, passes: int, gil_s: float, wait_s: float, blocked: list | None = None) -> list[float]:
+    """Steps/s of each pass, timed from ``iter()`` to the end of its last step.
+
+    ``blocked``: each pass's blocking waits of the loop per step are appended to it (the loop thread's voluntary
+    context switches, less the step's own sleep: the loop waiting in ``next()`` for a batch, a lock or the GIL).
+    """
     rates = []
     for _ in range(passes):
+        switches = _voluntary_switches()
         start = time.perf_counter()
         it = make_iter()
         done = 0
@@ -116,8 +124,18 @@ def run_passes(make_iter, steps_per_pass: int, passes: int, gil_s: float, wait_s
             if done == steps_per_pass:
                 break
         rates.append(done / (time.perf_counter() - start))
+        if blocked is not None and switches is not None:
+            blocked.append((_voluntary_switches() - switches) / done - 1)
         del it
     return rates
+
+
+def _voluntary_switches() -> int | None:
+    """This thread's voluntary context switches so far (Linux: ``RUSAGE_THREAD``), None elsewhere."""
+    import resource
+
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return resource.getrusage(who).ru_nvcsw if who is not None else None
 
 
 # --------------------------------------------------------------------------- the feeders
@@ -209,12 +227,13 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
             run_passes(short_iter, min(5, short_steps), 1, gil_s, wait_s)  # workers started, imports done
         feeders[config] = (short_iter, close)
     runs: dict[str, list[float]] = {c: [] for c in feeders}
+    blocked: dict[str, list[float]] = {c: [] for c in feeders}
     burners = _burners(args.burners)
     try:
         for r in range(args.repeats):
             for config, (short_iter, _) in feeders.items():
                 with _policy(config):  # (threads the autotuner adds during the pass start in that class too)
-                    runs[config] += run_passes(short_iter, short_steps, 1, gil_s, wait_s)
+                    runs[config] += run_passes(short_iter, short_steps, 1, gil_s, wait_s, blocked[config])
             print(f"{workload} round {r + 1}/{args.repeats}: " + " ".join(f"{c} {v[-1]:.1f}" for c, v in runs.items()), flush=True)
     finally:
         for b in burners:
@@ -230,16 +249,18 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     torch_best = max(v for c, v in med.items() if c.startswith("torch"))
     load = f"beside {args.burners} CPU burners" if args.burners else "no burners"
     rows = [{"label": label(workload, c), "config": c, "short_steps_per_s": m, "short_ratio_memory": m / med["memory"],
-             "short_ratio_torch": m / torch_best, "short_runs": runs[c], **({"settings": settings[c]} if c in settings else {})}
+             "short_ratio_torch": m / torch_best, "short_runs": runs[c], **({"settings": settings[c]} if c in settings else {}),
+             **({"blocked": statistics.median(blocked[c])} if blocked[c] else {})}
             for c, m in med.items()]
     where = "; ".join(f"{c}: threads {s['threads']}, prefetch {s['prefetch']}" for c, s in settings.items())
     return {
         "title": f"{workload.upper()}, batch {BATCH[workload]}, step {args.gil_ms:g} ms GIL + {args.wait_ms:g} ms wait, {load}, paired",
         "columns": [["short_steps_per_s", f"steps/s, {args.short_s:g} s passes", ",.1f"], ["short_ratio_memory", "/ memory", ".3f"],
-                    ["short_ratio_torch", "/ best torch", ".2f"]],
+                    ["short_ratio_torch", "/ best torch", ".2f"], ["blocked", "loop blocked per step", ".3f"]],
         "rows": rows,
         "notes": f"Medians of {args.repeats} rounds in one process, each configuration one pass of {short_steps} steps from a "
-                 f"fresh iter() in turn; at the end {where}.",
+                 f"fresh iter() in turn; 'loop blocked per step': the loop thread's voluntary context switches per step "
+                 f"less the step's own sleep (waits in next() for a batch, a lock or the GIL; Linux); at the end {where}.",
     }
 
 
