@@ -123,6 +123,11 @@ CPU_SLACK = 0.25
 #: Policy._more): tasks that wait (I/O) use a few percent of a core; one that computes uses most of
 #: one, and still well above this when other processes burn every core (docs/benchmarks.md, design figures).
 WAITING_SHARE = 0.15
+#: A batch whose work (the workers' CPU time per batch) is below this many seconds may be built in the loop
+#: itself (``inline``): handing it to a worker thread and back (a queue put, a wake-up, the GIL handed over
+#: twice, the channel) costs the two threads tens of microseconds of CPU, more than such a batch's own work
+#: (docs/observe.md, "Inline").
+INLINE_S = 100e-6
 #: Default memory budget: bytes of finished or building batches in flight.
 DEFAULT_MAX_BYTES = 512 << 20
 #: A window closes after ``window_batches`` batches, or after this long with at least 2: slow batches
@@ -166,6 +171,7 @@ class Window:
     cpu_s: float | None = None  # CPU time the whole process used (None: not measured)
     loop_cpu_s: float = 0.0  # CPU time of the training loop's own thread (part of cpu_s)
     side_s: float = 0.0  # busy time of the stages on threads of their own (the device copy, a user's): not workers
+    can_inline: bool = False  # the loop could build the batches itself (see Policy: inline)
 
     @property
     def wait_fraction(self) -> float:
@@ -231,8 +237,9 @@ class Step:
 
     @property
     def to(self) -> int:
-        """The setting the trial went to."""
-        return int(self.change.split()[-1])
+        """The setting the trial went to (inline: 1 for on, 0 for off)."""
+        to = self.change.split()[-1]
+        return {"on": 1, "off": 0}[to] if self.kind == "inline" else int(to)
 
     @property
     def gain(self) -> float:
@@ -287,6 +294,10 @@ class _Trial:
     after_wait: float = 0.0
     beyond: bool = False  # a thread whose CPU share did not fit the budget when it was tried
 
+    @property
+    def to_inline(self) -> bool:
+        return self.kind == "inline"
+
 
 class Policy:
     """Decides threads and prefetch depth from one window of measurements at a time.
@@ -296,8 +307,9 @@ class Policy:
     the cores the process may use (default ``max_threads``), ``max_bytes`` the
     memory budget for batches in flight; ``tune_threads``/``tune_depth`` say
     which of the two settings the policy may change, ``probe`` whether one
-    thread beyond a full CPU budget is measured once. ``steps`` holds the
-    judged trials, latest last.
+    thread beyond a full CPU budget is measured once. ``inline``: the loop
+    builds the batches itself (tried with the thread count tuned, judged as
+    the other trials). ``steps`` holds the judged trials, latest last.
     """
 
     def __init__(
@@ -308,6 +320,7 @@ class Policy:
             raise ValueError(f"threads, depth and max_threads must be at least 1, got {threads}, {depth}, {max_threads}")
         self.threads = threads
         self.depth = depth
+        self.inline = False  # the loop builds the batches itself (see the module docstring)
         self.max_threads = max_threads
         self.cpu_budget = float(max_threads if cpu_budget is None else cpu_budget)
         self.max_bytes = max_bytes
@@ -326,7 +339,8 @@ class Policy:
         self._most_added = max_threads  # threads one trial may add (halved after a trial of several did not help)
         self.probe = probe  # whether one thread beyond a full CPU budget is measured once (see the module docstring)
         self._probed = not probe  # that trial was made (or is not to be)
-        self._shapes: dict[int, list[_Seen]] = {}  # thread count -> windows at it since the workload was last new
+        self._shapes: dict[int, list[_Seen]] = {}  # thread count (0: inline) -> windows at it since the workload was last new
+        self._inline_tried = False  # building in the loop did not help (until the workload changes)
 
     def depth_limit(self) -> int:
         """The most batches the memory budget allows in flight (at least 1)."""
@@ -371,13 +385,13 @@ class Policy:
             if len(self._steady) > 2 * KEEP_SEEN:
                 del self._steady[:-KEEP_SEEN]
             if rate == rate:  # the workload's windows at this thread count: the first JUDGE and the last ones
-                shape = self._shapes.setdefault(self.threads, [])
+                shape = self._shapes.setdefault(self._shape_key, [])
                 shape.append(seen)
                 if len(shape) > 3 * JUDGE:
                     del shape[JUDGE:-JUDGE]
         self._first_of_pass = False
         if (self.tune_threads or self.tune_depth) and self._trial is None and not start_up and (
-            shift := _shift(self._shapes.get(self.threads, []))
+            shift := _shift(self._shapes.get(self._shape_key, []))
         ):
             return changes + self._reopen(shift)
         measured = [s for s in self._steady if s.rate == s.rate][-JUDGE:]  # s.rate == s.rate: not NaN
@@ -393,7 +407,17 @@ class Policy:
             # A pass's start-up waits for batches nothing built ahead: that says nothing of the settings, and
             # with the windows of the pass before as a baseline it would start a trial at every pass's start.
             return changes
+        if self.inline:
+            return changes + self._leave_inline(measured)
         wait, busy = window.wait_fraction, window.utilisation
+        if (wait >= WAIT and window.can_inline and self.tune_threads and not self._inline_tried and settled
+                and base is not None and (work := _median([s.work for s in measured])) < INLINE_S):
+            change = self._set_inline(
+                True, f"the loop waited {wait:.0%} of its time for batches whose work takes {work * 1e6:,.0f} us each: "
+                "less than handing one to a worker thread and back costs",
+            )
+            self._trial = _Trial("inline", self.threads, self.depth, base[0], base[1], change[0], self.threads, self.depth)
+            return changes + [change]
         if wait >= WAIT:
             self._calm = 0
             if busy >= BUSY and self.tune_threads:
@@ -457,6 +481,21 @@ class Policy:
 
     # ---------------------------------------------------------------- helpers
 
+    @property
+    def _shape_key(self) -> int:
+        """The windows a change of workload is looked for in: those at the thread count, or inline (0)."""
+        return 0 if self.inline else self.threads
+
+    def _leave_inline(self, measured: list[_Seen]) -> list[tuple[str, str]]:
+        """Inline: back to the worker threads when the loop's time building a batch (its wait per batch) is
+        ``SHIFT`` times ``INLINE_S`` in all but one of the last ``JUDGE`` windows (the batches grew dearer)."""
+        if len(measured) < JUDGE:
+            return []
+        built = [s.wait * s.period for s in measured[-JUDGE:]]
+        if sum(b >= SHIFT * INLINE_S for b in built) < JUDGE - 1:
+            return []
+        return [self._set_inline(False, f"a batch now takes the loop {_median(built) * 1e6:,.0f} us to build: the worker threads build them")]
+
     def _reopen(self, shift: str) -> list[tuple[str, str]]:
         """The workload changed (``shift`` says how): what the judged trials found no longer holds.
 
@@ -470,6 +509,7 @@ class Policy:
         self.floor = 1
         self._most_added = self.max_threads
         self._probed = not self.probe
+        self._inline_tried = False
         self._said = set()
         self._calm = 0
         self._steady = []
@@ -502,7 +542,7 @@ class Policy:
         if kept and not trial.after and (beyond or after_rate < before * RECHECK):
             self._trial = dataclasses.replace(trial, after=tuple(after), after_wait=after_wait)
             return self._go(
-                trial.threads, trial.depth,
+                trial.threads, trial.depth, False,
                 f"{trial.change} measured {before:,.0f} -> {after_rate:,.0f} samples/s"
                 + (f" ({after_rate / before - 1:+.0%})" if before > 0 else "") + ": "
                 "re-measuring the settings before, as the machine's speed may have changed instead",
@@ -515,26 +555,36 @@ class Policy:
                 self.floor = trial.to_depth
             if not trial.after:
                 return []
-            return self._go(trial.to_threads, min(trial.to_depth, limit), f"{trial.change} is kept: {measured_text} with the rate before re-measured")
+            return self._go(
+                trial.to_threads, min(trial.to_depth, limit), trial.to_inline,
+                f"{trial.change} is kept: {measured_text} with the rate before re-measured",
+            )
         tried = (f"thread {trial.threads + 1}" if trial.to_threads == trial.threads + 1
                  else f"threads {trial.threads + 1}-{trial.to_threads}")
         what = (f"{tried} did not help: {measured_text}; staying at {trial.threads} "
                 "(the work may hold the GIL, or share one resource)") if trial.kind == "threads" else (
+                f"building the batches in the loop did not help: {measured_text}; back to the worker threads"
+                ) if trial.kind == "inline" else (
                 f"prefetch {trial.to_depth} did not help: {measured_text}; back to {trial.depth} "
                 "(the wait is not for lack of batches started)")
-        if trial.kind == "threads":
+        if trial.kind == "inline":
+            self._inline_tried = True
+        elif trial.kind == "threads":
             self.ceiling = trial.to_threads - 1  # after several threads together, fewer may still help:
             self._most_added = max(1, (trial.to_threads - trial.threads) // 2)  # half as many are tried next
         else:
             self.depth_ceiling = trial.depth
         if trial.after:  # already back at the old settings: only the ceiling changes
-            stays = f"threads stay at {trial.threads}" if trial.kind == "threads" else f"prefetch stays at {trial.depth}"
+            stays = {"threads": f"threads stay at {trial.threads}", "inline": "inline stays off"}.get(
+                trial.kind, f"prefetch stays at {trial.depth}")
             return [(stays, what)]
-        return self._go(trial.threads, min(trial.depth, limit), what)
+        return self._go(trial.threads, min(trial.depth, limit), False, what)
 
-    def _go(self, threads: int, depth: int, reason: str) -> list[tuple[str, str]]:
-        """Set both settings (those that are tuned), one change each, with the same reason."""
+    def _go(self, threads: int, depth: int, inline: bool, reason: str) -> list[tuple[str, str]]:
+        """Set the settings (those that are tuned), one change each, with the same reason."""
         changes = []
+        if self.inline != inline:
+            changes.append(self._set_inline(inline, reason))
         if self.tune_threads and self.threads != threads:
             changes.append(self._set_threads(threads, reason))
         if self.tune_depth and self.depth != depth:
@@ -618,6 +668,12 @@ class Policy:
     def _set_threads(self, threads: int, reason: str) -> tuple[str, str]:
         change = f"threads {self.threads} -> {threads}"
         self.threads = threads
+        self._steady = []
+        return change, reason
+
+    def _set_inline(self, inline: bool, reason: str) -> tuple[str, str]:
+        change = "inline off -> on" if inline else "inline on -> off"
+        self.inline = inline
         self._steady = []
         return change, reason
 
@@ -786,12 +842,13 @@ class Autotuner:
             busy_s=workers.busy_ns / 1e9,
             idle_s=workers.wait_out_ns / 1e9,
             min_ready=meter.take_ready(),
-            batch_bytes=out_bytes / workers.items if workers.items else 0.0,
+            batch_bytes=out_bytes / built if (built := max(workers.items, consumer.batches)) else 0.0,  # (inline: the loop built them)
             cpu_s=cpu_s,
             loop_cpu_s=loop_cpu_s,
             side_s=sum(t.busy_ns for t in stages.values() if t.where == "thread") / 1e9,
+            can_inline=getattr(executor, "can_inline", False),
         )
-        before = (policy.threads, policy.depth)
+        before = (policy.threads, policy.depth, policy.inline)
         changes = policy.step(window)
         if not changes:
             return
@@ -799,7 +856,9 @@ class Autotuner:
         for change, reason in changes:
             self.decisions.append(Decision(at, change, reason))
             log.info("chute: autotune: %s: %s", change, reason)
-        if (policy.threads, policy.depth) != before:
+        if (policy.threads, policy.depth, policy.inline) != before:
+            if getattr(executor, "can_inline", False):
+                executor.inline = policy.inline  # from the next step the loop builds (or no longer builds) its batches
             if hasattr(executor, "resize"):
                 executor.resize(policy.threads)
                 executor.set_depth(policy.depth)

@@ -68,7 +68,12 @@ def start(loader: Any, run: Pass) -> None:
         run.task = Task(
             run.indices, stages, run.epoch, seed, loader._pool, dataset=run.dataset, on_error=chain.fns.on_error, counters=counters,
         )
-        run.executor = loader._thread_executor().bind(run.task, run.channel, threads, depth)
+        work = loader._thread_executor().bind(run.task, run.channel, threads, depth)
+        # the loop may build the steps itself (the autotuner's choice) when it takes the workers' results itself
+        # (no stage on a thread of its own) and reads a local dataset (no download to wait for)
+        work.can_inline = run.fetcher is None and not chain.threads and not chain.device
+        work.inline = work.can_inline and loader._inline()
+        run.executor = work
     if restarting:
         assert run.feed is not None
         run.feed.rebind()

@@ -406,6 +406,11 @@ class Loader(Stage):
             self.num_threads, self.prefetch = tuner.policy.threads, tuner.policy.depth
         return self.num_threads, self.prefetch
 
+    def _inline(self) -> bool:
+        """Whether a new pass's loop builds its batches itself (where the autotuner got to; docs/observe.md)."""
+        tuner = self._meter.tuner if self._meter is not None else None
+        return tuner is not None and tuner.policy.inline
+
     def _watch(self) -> Any:
         """The hang watchdog of a new pass (None when off)."""
         if self.watchdog is None:
@@ -511,6 +516,7 @@ class Loader(Stage):
         settings = {
             "num_threads": tuner.policy.threads if tuner is not None else self.num_threads,
             "prefetch": tuner.policy.depth if tuner is not None else self.prefetch,
+            "inline": tuner is not None and tuner.policy.inline,  # the loop builds the batches (docs/observe.md)
             "autotune": tuner is not None,
             "tuned": [] if tuner is None else [n for n, on in (("threads", tuner.policy.tune_threads), ("prefetch", tuner.policy.tune_depth)) if on],
             "workers": self.workers.kind,

@@ -327,6 +327,8 @@ class _PassRun:
     """The process pool's side of one pass: the steps it owes the channel, the jobs of the pool's kept receiver
     thread (:meth:`_pump`) and, for a remote dataset, gate thread (:meth:`_gate`) while the pass runs."""
 
+    can_inline = inline = False  # the steps are built in the worker processes, never in the loop (see threads.PassWork)
+
     def __init__(self, pool: ProcessPool, run: Any, pass_id: int) -> None:
         self.pool, self.id = pool, pass_id  # (not the run itself: its finalizer holds this object)
         self.epoch, self.start = run.epoch, run.start

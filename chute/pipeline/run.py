@@ -174,10 +174,30 @@ class Feed:
         run = self.run
         self.channel, self.executor, self.fetcher, self.steps = run.channel, run.executor, run.fetcher, run.steps
         self.taken = 0
-        self.submitted = submitted = min(self.steps, self.executor.depth)
+        self._w = -1  # the loop's worker number in the pass's task, once it built a step inline
+        self.submitted = submitted = 0 if getattr(self.executor, "inline", False) else min(self.steps, self.executor.depth)
         for step in range(submitted):
             self.executor.submit(step)
         run.submitted = submitted
+
+    def first(self, step: int) -> tuple[Any, int, list[int]] | None:
+        """``step``, which was not submitted to the workers: built in the calling thread (the loop's) when the
+        pass runs inline (``executor.inline``: the autotuner found a batch's work cheaper than handing it to a
+        worker and back), else submitted now with the steps up to ``depth`` ahead (None: take it from the channel).
+        """
+        executor = self.executor
+        run = self.run
+        if executor.inline:
+            self.submitted = run.submitted = step + 1
+            if self._w < 0:  # the loop's thread as one more worker of the task (its counters, the watchdog's view)
+                self._w = run.task.register(threading.get_ident())
+            item, _ = run.task(step, time.perf_counter_ns(), self._w)
+            return item  # type: ignore[no-any-return]
+        limit = min(step + executor.depth, self.steps)
+        for ahead in range(step, limit):
+            executor.submit(ahead)
+        self.submitted = run.submitted = limit
+        return None
 
     def take(self, step: int, timeout: float = -1) -> tuple[Any, int, list[int]]:
         """The result of ``step`` (``TimeoutError`` after ``timeout`` seconds; -1: for ever), the next steps submitted."""
@@ -250,25 +270,28 @@ class Output(Stage):
                     channel: Any = self.feed.channel
                     self._take = channel.take  # (a channel of the new stages)
                 continue
-            take = self._take
-            try:
-                try:
-                    item = take(step, SIGNAL_WAKE_S if self.in_main else self.timeout)
-                except TimeoutError:
-                    try:
-                        if not self.in_main:
-                            raise
-                        item = _take_waking(take, step, self.timeout, self.called)
-                    except TimeoutError:
-                        item = self.watch.wait(run, step, _waking(take) if self.in_main else take, self.called)
-            except Closed:
-                raise ended(run) from None
             feed = self.feed
-            if feed is not None:  # Feed.took, inline: submit up to depth ahead (and the rest, when a step needs it)
+            # a step not submitted to the workers: built here (the pass runs inline), or submitted now (it ran inline)
+            item = feed.first(step) if feed is not None and step >= feed.submitted else None
+            if item is None:
+                take = self._take
+                try:
+                    try:
+                        item = take(step, SIGNAL_WAKE_S if self.in_main else self.timeout)
+                    except TimeoutError:
+                        try:
+                            if not self.in_main:
+                                raise
+                            item = _take_waking(take, step, self.timeout, self.called)
+                        except TimeoutError:
+                            item = self.watch.wait(run, step, _waking(take) if self.in_main else take, self.called)
+                except Closed:
+                    raise ended(run) from None
+            if feed is not None:  # Feed.took, written out: submit up to depth ahead (and the rest, when a step needs it)
                 feed.taken = step + 1
                 executor = feed.executor
                 submitted = feed.submitted
-                limit = step + 1 + executor.depth
+                limit = step + 1 + executor.depth if not executor.inline else 0
                 if limit > feed.steps:
                     limit = feed.steps
                 while submitted < limit:

@@ -60,7 +60,8 @@ class PassWork:
     """One pass as the worker threads see it: its task, its channel, its queue of steps.
 
     The pass's executor: ``submit(step)`` (the queue's put), ``depth``,
-    ``set_depth``, ``resize`` and ``threads`` (the executor's), ``close``.
+    ``set_depth``, ``resize`` and ``threads`` (the executor's), ``close``;
+    ``inline``: the loop builds the steps itself (``chute.pipeline.run.Feed.first``).
     """
 
     def __init__(self, executor: ThreadExecutor | None, task: Task | None, channel: Channel | None, depth: int) -> None:
@@ -70,6 +71,11 @@ class PassWork:
         self.members: list[threading.Thread] = []  # threads that joined this pass
         self.left: queue.SimpleQueue = queue.SimpleQueue()  # each member once it has left the pass
         self.closed = False
+        # The loop may build the pass's steps itself (no hand-off to a thread and back; the threads stay bound,
+        # idle): ``can_inline`` when it takes the workers' results itself and reads a local dataset, ``inline``
+        # while the autotuner says so (docs/observe.md). Switched between steps, by the loop's own thread.
+        self.can_inline = False
+        self.inline = False
 
     @property
     def threads(self) -> int:

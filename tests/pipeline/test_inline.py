@@ -1,0 +1,147 @@
+"""Inline passes: the loop builds its batches itself, and they are the very batches the worker threads build.
+
+The autotuner may have the training loop build each batch in its own
+``next()`` when a batch's work costs less than handing it to a worker thread
+and back (``chute.observe.autotune``, ``INLINE_S``; its rule is tested there
+with numbers). Here the setting is forced (the policy's ``inline`` before a
+pass, the pass's executor's ``inline`` during one) and the outcomes are held:
+the same batches in the same order as the threads deliver, across passes,
+switched either way in the middle of a pass, a pass broken off and resumed,
+``state_dict``/``load_state_dict`` mid-pass, a failing batch's error, and no
+thread left once the Loader is closed. Counts and events only: no timing.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import chute
+from chute.pipeline.transform import TransformError
+
+N, BATCH = 200, 8
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    samples = ({"x": np.full(4, i, np.int32), "id": i} for i in range(N))
+    return chute.write(samples, tmp_path_factory.mktemp("inline") / "ds", shard_size=1500)  # a few shards
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    documents = [rng.integers(0, 60_000, int(n)).astype(np.uint16) for n in rng.integers(1, 300, 200)]
+    return chute.tokens.write(documents, tmp_path_factory.mktemp("inline") / "tokens", vocab_size=60_000, shard_size="16KB")
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("chute-loader")]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left():
+    yield
+    assert [t.name for t in loader_threads()] == []
+
+
+def make(ds, inline: bool, **kwargs) -> chute.Loader:
+    loader = chute.Loader(ds, BATCH, shuffle=True, seed=5, **kwargs)
+    loader._meter.tuner.policy.inline = inline  # where the autotuner would have got to
+    return loader
+
+
+def ids(batch) -> list[int]:
+    return batch["id"].tolist()
+
+
+def reference(ds, epochs: int = 2) -> list[list[list[int]]]:
+    """The batches of the first ``epochs`` epochs, built by two worker threads (the setting fixed: not tuned)."""
+    with chute.Loader(ds, BATCH, shuffle=True, seed=5, workers=chute.Workers(count=2)) as loader:
+        return [[ids(b) for b in loader] for _ in range(epochs)]
+
+
+def test_an_inline_pass_builds_its_batches_in_the_loop_and_they_are_the_threads_batches(ds):
+    want = reference(ds)
+    with make(ds, inline=True) as loader:
+        built_by: set[int] = set()
+        got = []
+        for _ in range(2):  # two passes: two epochs
+            batches = []
+            for batch in loader:
+                batches.append(ids(batch))
+                built_by.update(t for t, step in zip(loader._pass.task.threads, loader._pass.task.building) if step < 0)
+            got.append(batches)
+        assert got == want
+        assert loader._pass.executor.inline and loader._pass.task.threads == [threading.get_ident()]  # no worker built one
+        assert loader.report().settings["inline"] is True
+
+
+def test_switching_in_the_middle_of_a_pass_either_way_keeps_every_batch_in_order(ds):
+    want = reference(ds, epochs=1)[0]
+    with make(ds, inline=False) as loader:
+        got = []
+        for k, batch in enumerate(loader):
+            got.append(ids(batch))
+            if k in (3, 11):  # to inline: the steps already submitted come from the workers first
+                loader._pass.executor.inline = True
+            elif k in (7, 17):  # back to the threads: the next steps are submitted again
+                loader._pass.executor.inline = False
+        assert got == want
+        assert len(loader._pass.task.threads) > 1  # the loop built some, the workers the others
+
+
+def test_a_pass_broken_off_inline_restarts_where_it_started_and_resumes_from_a_state(ds):
+    want = reference(ds)
+    with make(ds, inline=True) as loader:
+        it = iter(loader)
+        head = [ids(next(it)) for _ in range(5)]
+        saved = loader.state_dict()  # after 5 batches
+        del it  # broken off: the next iter() starts the same epoch again
+        assert head == want[0][:5]
+        assert [ids(b) for b in loader] == want[0]
+        assert [ids(b) for b in loader] == want[1]
+    with make(ds, inline=True) as resumed:
+        resumed.load_state_dict(saved)
+        assert [ids(b) for b in resumed] == want[0][5:]
+    with make(ds, inline=False) as threads:  # the state of an inline pass resumes with the threads too
+        threads.load_state_dict(saved)
+        assert [ids(b) for b in threads] == want[0][5:]
+
+
+def test_token_sequences_inline_are_the_threads_sequences(tokens):
+    view = chute.tokens.sequences(tokens, 16)
+    with chute.Loader(view, BATCH, shuffle=True, seed=5, workers=chute.Workers(count=2)) as threads:
+        want = [(b["input_ids"].clone(), b["labels"].clone()) for b in threads]
+    with make(view, inline=True) as loader:
+        loader_batches = [(b["input_ids"].clone(), b["labels"].clone()) for b in loader]
+    assert len(loader_batches) == len(want) == -(-len(view) // BATCH)
+    for (a, b), (c, d) in zip(loader_batches, want):
+        assert a.equal(c) and b.equal(d)
+
+
+def broken(sample):
+    if sample["id"] == 77:
+        raise ValueError("no 77")
+    return sample
+
+
+def test_a_batch_that_fails_inline_raises_the_error_the_threads_raise(ds):
+    errors = []
+    for inline in (False, True):
+        with make(ds, inline=inline, transform=broken) as loader:
+            with pytest.raises(TransformError) as raised:
+                for _ in loader:
+                    pass
+            errors.append(str(raised.value))
+    assert errors[0] == errors[1] and "no 77" in errors[0]
+
+
+def test_a_pass_with_a_stage_on_a_thread_of_its_own_is_never_inline(ds):
+    stage = chute.BatchStage(lambda batch: batch, name="own", where="thread")
+    with make(ds, inline=True, stages=[stage]) as loader:
+        got = [ids(b) for b in loader]
+        assert not loader._pass.executor.can_inline and not loader._pass.executor.inline
+    assert got == reference(ds, epochs=1)[0]
