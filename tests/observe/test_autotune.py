@@ -12,7 +12,7 @@ import pytest
 
 import chute
 import chute.images
-from chute.observe.autotune import JUDGE, PROBE_AFTER, Policy, Step, Window
+from chute.observe.autotune import INLINE_S, JUDGE, PROBE_AFTER, SHIFT, Policy, Step, Window
 from chute.observe.report import Context, build
 from tests.observe.test_report import window
 
@@ -263,6 +263,61 @@ def test_nothing_changes_when_the_loop_does_not_wait():
     for _ in range(5):
         assert policy.step(data_bound(wait=0.01, min_ready=1)) == []
     assert (policy.threads, policy.depth) == (1, 2)
+
+
+def cheap(rate: float = 100_000.0, work: float = 30e-6, wait: float = 0.9, can_inline: bool = True) -> Window:
+    """A 1 s window of batches of 8 samples whose work takes ``work`` seconds each on the workers, the loop waiting."""
+    batches = int(rate / 8)
+    return Window(
+        seconds=1.0, wait_s=wait, compute_s=1.0 - wait, batches=batches, samples=int(rate),
+        busy_s=work * batches, idle_s=1.0 - work * batches, min_ready=None, batch_bytes=1e5, can_inline=can_inline,
+    )
+
+
+def test_cheap_batches_the_loop_waits_for_are_built_in_the_loop_when_that_is_faster():
+    policy = Policy(2, 16, max_threads=8)
+    changes = feed(policy, cheap())
+    assert [c for c, _ in changes] == ["inline off -> on"] and "30 us each" in changes[0][1] and policy.inline
+    assert feed(policy, cheap(rate=180_000)) == []  # +80%: kept at once
+    assert list(policy.steps) == [Step("inline off -> on", 100_000.0, 180_000.0, 0.9, 0.9, kept=True)]
+    assert feed(policy, cheap(rate=180_000), 4 * JUDGE) == [] and policy.inline  # it stays: nothing else is tried
+    assert (policy.threads, policy.depth) == (2, 16)
+
+
+def test_building_in_the_loop_that_does_not_help_is_undone_and_not_tried_again_until_the_workload_changes():
+    policy = Policy(2, 16, max_threads=2)  # (no thread to add: the only trial there is, is inline)
+    assert [c for c, _ in feed(policy, cheap())] == ["inline off -> on"]
+    changes = feed(policy, cheap(rate=95_000))
+    assert [c for c, _ in changes] == ["inline on -> off"] and "did not help: 100,000 -> 95,000 samples/s" in changes[0][1]
+    assert not policy.inline and policy.steps[-1].kept is False
+    assert all("inline" not in c for c, _ in feed(policy, cheap(), 6 * JUDGE)) and not policy.inline
+    # the loop's own work grows (a training step now): the trials are re-opened, and inline may be tried again
+    reopened = feed(policy, cheap(wait=0.2), 2 * JUDGE)
+    assert [c for c, _ in reopened if c == "trials re-opened"] == ["trials re-opened"]
+    assert [c for c, _ in feed(policy, cheap(), 2 * JUDGE) if "inline" in c][:1] == ["inline off -> on"]
+
+
+def test_inline_is_left_when_the_loops_batches_grow_dearer():
+    policy = Policy(2, 16, max_threads=8)
+    feed(policy, cheap())
+    feed(policy, cheap(rate=180_000))
+    assert policy.inline
+    dear = Window(seconds=1.0, wait_s=0.9, compute_s=0.1, batches=2000, samples=16_000, busy_s=0.0, idle_s=0.0,
+                  can_inline=True)  # 450 us of the loop's time per batch, building it
+    assert 0.9 / 2000 >= SHIFT * INLINE_S
+    changes = feed(policy, dear, JUDGE)
+    assert [c for c, _ in changes] == ["inline on -> off"] and "450 us to build" in changes[0][1] and not policy.inline
+
+
+@pytest.mark.parametrize("window, kwargs", [
+    (cheap(can_inline=False), {}),  # a stage on a thread of its own, a remote dataset, worker processes
+    (cheap(), {"tune_threads": False}),  # the thread count set by hand
+    (cheap(wait=0.01), {}),  # the loop does not wait: nothing to gain
+    (cheap(work=2 * INLINE_S), {}),  # a batch's work is worth a hand-off to a thread
+])
+def test_no_inline_trial_when_it_cannot_be_or_cannot_help(window, kwargs):
+    policy = Policy(2, 16, max_threads=8, **kwargs)
+    assert all("inline" not in c for c, _ in feed(policy, window, 4 * JUDGE)) and not policy.inline
 
 
 def test_the_cpu_budget_counts_cpu_used_not_threads():
