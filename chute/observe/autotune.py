@@ -78,6 +78,13 @@ The rules (thresholds are the constants below):
 * Not data-bound and at least 3 finished batches always waiting when the loop
   took one, for ``CALM`` windows in a row: the depth shrinks by one, not below
   the floor nor below threads + 1 (it never drains, so it is more than needed).
+* Data-bound, and a batch's work (the workers' CPU time per batch, the median of ``JUDGE`` windows) under
+  ``INLINE_S``, where the loop can build batches itself (``Window.can_inline``: it takes the workers'
+  results itself, from a local dataset, with worker threads) and the thread count is tuned: try **inline**,
+  the loop building each batch in its own ``next()`` (no hand-off to a thread and back). A trial as the
+  others: undone, it is not tried again until the workload changes. While inline nothing else is tried, and
+  the threads take over again once the loop's time building a batch is ``SHIFT`` times ``INLINE_S`` in all
+  but one of the last ``JUDGE`` windows.
 * A depth given by hand (``prefetch=``) and a thread count given by hand
   (``num_threads=``) are never changed.
 """
