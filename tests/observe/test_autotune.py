@@ -292,9 +292,9 @@ def test_building_in_the_loop_that_does_not_help_is_undone_and_not_tried_again_u
     assert not policy.inline and policy.steps[-1].kept is False
     assert all("inline" not in c for c, _ in feed(policy, cheap(), 6 * JUDGE)) and not policy.inline
     # the loop's own work grows (a training step now): the trials are re-opened, and inline may be tried again
-    reopened = feed(policy, cheap(wait=0.2), 2 * JUDGE)
-    assert [c for c, _ in reopened if c == "trials re-opened"] == ["trials re-opened"]
-    assert [c for c, _ in feed(policy, cheap(), 2 * JUDGE) if "inline" in c][:1] == ["inline off -> on"]
+    reopened = [c for c, _ in feed(policy, cheap(wait=0.2), 3 * JUDGE)]
+    assert reopened.count("trials re-opened") == 1
+    assert "inline off -> on" in reopened[reopened.index("trials re-opened"):]
 
 
 def test_inline_is_left_when_the_loops_batches_grow_dearer():

@@ -146,7 +146,7 @@ def test_to_json_has_every_key_and_counts_skipped_samples(ds):
     assert data["samples"] == N - skipped and data["batches"] == N // BATCH
     assert data["cache"] is None  # a local dataset has no cache
     assert data["settings"] == {
-        "num_threads": 2, "prefetch": 4, "autotune": False, "tuned": [], "workers": "threads",
+        "num_threads": 2, "prefetch": 4, "inline": False, "autotune": False, "tuned": [], "workers": "threads",
         "max_threads": loader.max_threads, "max_prefetch_bytes": loader.max_prefetch_bytes,
     }
     assert data["decisions"] == []
