@@ -222,7 +222,8 @@ def short_passes(args: argparse.Namespace) -> None:
              "mtok_s": med("chute") / 1e6, "ratio": ratio, "cpu_us": med("chute_cpu_us"), "cpu_ratio": cpu_ratio,
              "first_ms": med("first_ms"), "runs": [x["chute"] for x in rounds],
              "ratio_runs": [x["chute"] / x["limit"] for x in rounds],
-             "settings": f"threads {settings['num_threads']}, prefetch {settings['prefetch']}"},
+             "settings": f"threads {settings['num_threads']}, prefetch {settings['prefetch']}"
+                         + (", built in the loop (inline)" if settings.get("inline") else "")},
         ],
         "notes": (f"{args.repeats} rounds in one process, each a pass of the limit then one of chute over the same "
                   f"{len(view):,} windows (shuffled); medians of the rounds, / limit the median of each round's ratio; "
