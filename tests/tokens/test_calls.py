@@ -69,3 +69,21 @@ def test_a_packed_view_starts_with_a_thread_per_core_like_a_concat_one(tmp_path)
     concat = chute.Loader(chute.tokens.sequences(ds, 16), 4)
     packed = chute.Loader(chute.tokens.sequences(ds, 16, pack="documents"), 4)
     assert packed.num_threads == concat.num_threads == min(concat.max_threads, concat.cpu_budget)
+
+
+def inline_loader(view, batch_size: int) -> chute.Loader:
+    """A Loader whose loop builds its batches itself (where the autotuner goes for batches this cheap when the
+    loop waits for them; docs/observe.md, rule 7), held there."""
+    loader = chute.Loader(view, batch_size, shuffle=True, seed=0)
+    policy = loader._meter.tuner.policy
+    policy.inline = True
+    policy.step = lambda window: []
+    return loader
+
+
+@pytest.mark.parametrize("pack", ["concat", "documents"])
+def test_a_sequence_batch_built_in_the_loop_costs_no_more_calls(corpus, pack):
+    view = chute.tokens.sequences(corpus, 64, pack=pack)
+    per_batch, counts = calls_per_batch(lambda: inline_loader(view, 4))
+    assert counts["run.py:first"] > 0 and counts["SimpleQueue.put"] <= 0  # built in the loop, nothing handed out
+    assert per_batch <= BUDGET[pack], f"{per_batch:.2f} calls per batch; per pass, the most frequent: {counts.most_common(16)}"
