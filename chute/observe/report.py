@@ -164,8 +164,9 @@ class Report:
         if settings.get("num_threads") is not None:
             tuned = settings.get("tuned", ["threads", "prefetch"] if settings.get("autotune") else [])
             how = "set by hand" if not tuned else "autotuned" if len(tuned) == 2 else f"{tuned[0]} autotuned"
+            inline = "; batches built in the loop (inline)" if settings.get("inline") else ""
             lines.append(f"  settings: {settings.get('workers', 'threads')} {settings['num_threads']}, "
-                         f"prefetch {settings.get('prefetch')} ({how})")
+                         f"prefetch {settings.get('prefetch')} ({how}){inline}")
         if self.decisions:
             lines.append("  autotuner decisions (latest last):")
             for d in self.decisions[-8:]:

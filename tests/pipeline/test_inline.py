@@ -71,7 +71,8 @@ def test_an_inline_pass_builds_its_batches_in_the_loop_and_they_are_the_threads_
         got = [[ids(b) for b in loader] for _ in range(2)]  # two passes: two epochs
         assert got == want
         assert loader._pass.executor.inline and loader.counters.snapshot().stages["workers"].items == 0  # no worker built one
-        assert loader.report().settings["inline"] is True
+        report = loader.report()
+        assert report.settings["inline"] is True and "; batches built in the loop (inline)" in str(report)
 
 
 def test_switching_in_the_middle_of_a_pass_either_way_keeps_every_batch_in_order(ds):
