@@ -142,3 +142,11 @@ def test_a_pass_with_a_stage_on_a_thread_of_its_own_is_never_inline(ds):
         got = [ids(b) for b in loader]
         assert not loader._pass.executor.can_inline and not loader._pass.executor.inline
     assert got == reference(ds, epochs=1)[0]
+
+
+def test_samples_skipped_inline_are_the_samples_the_threads_skip(ds):
+    got = []
+    for inline in (False, True):
+        with make(ds, inline=inline, transform=broken, on_error="skip") as loader:
+            got.append(([ids(b) for b in loader], loader.report().skipped))
+    assert got[0] == got[1] and got[1][1] == 1 and 77 not in sum(got[1][0], [])
