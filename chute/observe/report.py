@@ -398,6 +398,8 @@ def _attribute(
         what = f"{label} takes {per_sample_us:,.0f} us per sample ({per_batch_ms:.2f} ms per batch in all)"
     else:
         what = f"stage {name!r} takes {per_batch_ms:.2f} ms per batch"
+    if context.settings.get("inline"):  # no worker to blame: the loop waits for the batches it builds itself
+        return name, f"{what}; {wait} building the batches itself (inline: cheaper than a hand-off to a worker thread)", None
     budget = context.cpu_budget
     noun = "worker process" if context.workers_kind == "processes" else "worker thread"
     kind = noun if threads == 1 else noun + ("es" if noun.endswith("s") else "s")

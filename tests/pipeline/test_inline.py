@@ -73,6 +73,7 @@ def test_an_inline_pass_builds_its_batches_in_the_loop_and_they_are_the_threads_
         assert loader._pass.executor.inline and loader.counters.snapshot().stages["workers"].items == 0  # no worker built one
         report = loader.report()
         assert report.settings["inline"] is True and "; batches built in the loop (inline)" in str(report)
+        assert report.bottleneck_stage is None or "building the batches itself (inline" in str(report)
 
 
 def test_switching_in_the_middle_of_a_pass_either_way_keeps_every_batch_in_order(ds):
