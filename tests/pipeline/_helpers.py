@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -18,3 +19,8 @@ def gone_without_a_collection(use: Callable[[], weakref.ref], left: Callable[[],
         assert left() == []
     finally:
         gc.enable()
+
+
+def loader_threads() -> list[threading.Thread]:
+    """The Loaders' worker threads alive now."""
+    return [t for t in threading.enumerate() if t.name.startswith("chute-loader")]

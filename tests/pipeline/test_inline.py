@@ -37,14 +37,7 @@ def tokens(tmp_path_factory):
     return chute.tokens.write(documents, tmp_path_factory.mktemp("inline") / "tokens", vocab_size=60_000, shard_size="16KB")
 
 
-def loader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("chute-loader")]
-
-
-@pytest.fixture(autouse=True)
-def nothing_left():
-    yield
-    assert [t.name for t in loader_threads()] == []
+pytestmark = pytest.mark.usefixtures("no_loader_threads_left")
 
 
 def make(ds, inline: bool, **kwargs) -> chute.Loader:

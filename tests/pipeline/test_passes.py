@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import chute
-from tests.pipeline._helpers import gone_without_a_collection
+from tests.pipeline._helpers import gone_without_a_collection, loader_threads
 
 N, BATCH = 240, 8
 
@@ -31,14 +31,7 @@ def ds(tmp_path_factory):
     return chute.write(samples, tmp_path_factory.mktemp("passes") / "ds", shard_size=1500)  # a few shards
 
 
-def loader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("chute-loader")]
-
-
-@pytest.fixture(autouse=True)
-def nothing_left():
-    yield
-    assert [t.name for t in loader_threads()] == []
+pytestmark = pytest.mark.usefixtures("no_loader_threads_left")
 
 
 def batches(loader) -> list[list[int]]:
