@@ -21,7 +21,9 @@ With ``on_stall="warn"`` (the default) it keeps waiting and reports again
 after another timeout; with ``"raise"`` the wait raises
 :class:`chute.errors.StallError` carrying the report as ``.report``. There is
 no watchdog thread: a report is made only for the wait that timed out, and the
-cost per batch is the timeout argument of the wait.
+cost per batch is the timeout argument of the wait. The one exception is a
+pass whose loop builds its batches itself (inline): its own work cannot time
+out, so a thread watches it (:class:`BuildWatch`).
 
 The timeout: a number is used for every wait; ``"auto"`` (the default) allows
 :data:`FIRST_TIMEOUT` seconds for the first batch of a pass (start-up, first
@@ -305,6 +307,72 @@ class StallWatch:
                 return take(step, timeout)
             except TimeoutError:
                 continue
+
+
+    def building(self, run: Any) -> BuildWatch:
+        """A :class:`BuildWatch` for ``run``, whose loop builds its batches itself (an inline pass)."""
+        return BuildWatch(self, run, threading.get_ident())
+
+    def report_building(self, run: Any, step: int, since_ns: int, loop: int) -> None:
+        """The loop has been building ``step`` itself since ``since_ns``, past the timeout: write the report (warn only)."""
+        waited = (time.perf_counter_ns() - since_ns) / 1e9
+        try:
+            details = self.describe(run)
+        except Exception as exc:  # the report must not die with the probe
+            details = Details("the next batch", stuck=f"(the loader could not describe itself: {exc!r})")
+        details.roles[loop] = f"the training loop, building step {step} itself (an inline pass)"
+        details.stuck = details.stuck or f"the training loop, building step {step} itself (an inline pass): see its stack below"
+        text = build_report(details, waited, self.timeout(first=step == 0), self.rule.describe(), self.on_stall, set())
+        self.reports += 1
+        self._write(text)
+        if log.hasHandlers():
+            log.warning("%s", text.rstrip())
+
+
+class BuildWatch:
+    """The hang watchdog of a pass whose training loop builds its batches itself (inline: docs/observe.md, rule 7).
+
+    The loop cannot time out its own work, so a daemon thread looks at it: the
+    loop sets ``step`` and ``since`` (``perf_counter_ns``) before it builds a
+    step and ``since = 0`` after (stores, no call); the thread wakes a few
+    times per timeout and, when a build has lasted longer than the timeout,
+    writes the report, again after each further timeout. It only warns: a
+    thread cannot raise into a loop stuck in a read, so a pass with
+    ``on_stall="raise"`` is never inline. Started at a pass's first inline
+    build, stopped when the pass ends (:meth:`stop`).
+    """
+
+    def __init__(self, watch: StallWatch, run: Any, loop: int) -> None:
+        self.step, self.since = -1, 0
+        self._watch, self._run, self._loop = watch, run, loop
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._look, name="chute-watchdog-inline", daemon=True)
+        self._thread.start()
+
+    def _look(self) -> None:
+        reported = (0, 0)  # (the build, when it was last reported)
+        while True:
+            timeout = self._watch.timeout(first=self.step == 0)
+            if self._stopped.wait(min(max(timeout / 4, 0.01), 1.0)):
+                return
+            since, step = self.since, self.step
+            if not since:
+                continue
+            now = time.perf_counter_ns()
+            last = reported[1] if reported[0] == since else since
+            if (now - last) / 1e9 >= timeout:
+                try:
+                    self._watch.report_building(self._run, step, since, self._loop)
+                except Exception:  # (a report that fails must not end the watch)
+                    log.exception("chute: the hang watchdog could not report an inline build")
+                reported = (since, now)
+
+    def stop(self) -> None:
+        """End the watch (the pass ended); the thread exits at once."""
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self._run = None
 
 
 def _to_stderr(text: str) -> None:

@@ -71,7 +71,9 @@ def start(loader: Any, run: Pass) -> None:
         work = loader._thread_executor().bind(run.task, run.channel, threads, depth)
         # the loop may build the steps itself (the autotuner's choice) when it takes the workers' results itself
         # (no stage on a thread of its own) and reads a local dataset (no download to wait for)
-        work.can_inline = run.fetcher is None and not chain.threads and not chain.device
+        # and a stalled build can be reported (the watchdog only warns about the loop's own work: not with "raise")
+        work.can_inline = run.fetcher is None and not chain.threads and not chain.device and (
+            run.watch is None or run.watch.on_stall != "raise")
         work.inline = work.can_inline and loader._inline()
         run.executor = work
     if restarting:

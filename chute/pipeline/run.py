@@ -92,6 +92,7 @@ class Pass:
         self.output: Output | None = None
         self.leaf: Any = None  # what the loop pulls: the output, or the last of the loop's stages
         self.watch: Any = None  # the hang watchdog (chute.observe.watchdog.StallWatch), or None
+        self.build_watch: Any = None  # its thread while the loop builds the batches itself (BuildWatch; inline)
 
     def on(self, event: Event) -> Action:
         """Apply ``event`` to the pass's state (``chute.pipeline.lifecycle``), tell the loader's hooks; the action to take."""
@@ -135,6 +136,9 @@ class Pass:
         are not waited for. Closing again does nothing more.
         """
         channel, executor, fetcher = self.channel, self.executor, self.fetcher
+        if self.build_watch is not None:
+            self.build_watch.stop()
+            self.build_watch = None
         if channel is not None:
             channel.close()
         for relay in self.relays:
@@ -191,7 +195,18 @@ class Feed:
             self.submitted = run.submitted = step + 1
             if self._w < 0:  # the loop's thread as one more worker of the task (its counters, the watchdog's view)
                 self._w = run.task.register(threading.get_ident())
-            item, _ = run.task(step, time.perf_counter_ns(), self._w)
+                if run.watch is not None and run.build_watch is None:  # its own work cannot time out: a thread looks
+                    run.build_watch = run.watch.building(run)
+            guard = run.build_watch
+            start = time.perf_counter_ns()
+            if guard is None:
+                item, _ = run.task(step, start, self._w)
+                return item  # type: ignore[no-any-return]
+            guard.step, guard.since = step, start
+            try:
+                item, _ = run.task(step, start, self._w)
+            finally:
+                guard.since = 0
             return item  # type: ignore[no-any-return]
         limit = min(step + executor.depth, self.steps)
         for ahead in range(step, limit):

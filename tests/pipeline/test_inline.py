@@ -144,3 +144,40 @@ def test_samples_skipped_inline_are_the_samples_the_threads_skip(ds):
         with make(ds, inline=inline, transform=broken, on_error="skip") as loader:
             got.append(([ids(b) for b in loader], loader.report().skipped))
     assert got[0] == got[1] and got[1][1] == 1 and 77 not in sum(got[1][0], [])
+
+
+def watch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "chute-watchdog-inline"]
+
+
+def test_a_batch_the_loop_builds_itself_past_the_watchdog_timeout_is_reported(ds, capfd):
+    """The loop cannot time out its own work: a thread of the pass reports a build that lasts (the hang watchdog)."""
+    seen: list[str] = []
+    watched: list[bool] = []
+
+    def stuck_on_37(sample):
+        if sample["id"] == 37:  # held until the report is out (a deadline only so that a failure cannot hang the suite)
+            watched.append(bool(watch_threads()))
+            deadline = threading.Event()
+            for _ in range(3000):
+                seen.append(capfd.readouterr().err)
+                if "building step" in "".join(seen) or deadline.wait(0.01):
+                    break
+        return sample
+
+    step = next(i for i, b in enumerate(reference(ds, epochs=1)[0]) if 37 in b)
+    with make(ds, inline=True, transform=stuck_on_37, watchdog=chute.Watchdog(0.2)) as loader:
+        got = sorted(i for b in loader for i in ids(b))
+    assert got == list(range(N))  # the batch came once the transform returned: nothing lost
+    assert watched == [True] and not watch_threads()  # the pass's watch ran while it built, and stopped with it
+    report = "".join(seen)
+    assert f"the training loop, building step {step} itself (an inline pass)" in report
+    assert "stuck_on_37" in report  # the loop's stack, where it is stuck
+
+
+def test_a_loader_whose_watchdog_raises_never_builds_its_batches_itself(ds):
+    """A thread cannot raise into a loop stuck in a read: with on_stall="raise" the workers build the batches."""
+    with make(ds, inline=True, watchdog=chute.Watchdog(5.0, on_stall="raise")) as loader:
+        for _ in loader:
+            pass
+        assert not loader._pass.executor.inline and loader.counters.snapshot().stages["workers"].items > 0
