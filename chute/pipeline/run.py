@@ -199,14 +199,13 @@ class Feed:
                     run.build_watch = run.watch.building(run)
             guard = run.build_watch
             start = time.perf_counter_ns()
-            if guard is None:
-                item, _ = run.task(step, start, self._w)
-                return item  # type: ignore[no-any-return]
-            guard.step, guard.since = step, start
+            if guard is not None:
+                guard.step, guard.since = step, start
             try:
                 item, _ = run.task(step, start, self._w)
             finally:
-                guard.since = 0
+                if guard is not None:
+                    guard.since = 0
             return item  # type: ignore[no-any-return]
         limit = min(step + executor.depth, self.steps)
         for ahead in range(step, limit):
