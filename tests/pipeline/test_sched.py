@@ -117,7 +117,86 @@ def test_a_platform_or_sandbox_that_refuses_the_class_changes_nothing(monkeypatc
 
     monkeypatch.setattr(_sched, "_ENABLED", True)
     monkeypatch.setattr(_sched, "_BATCH", 3)
+    monkeypatch.setattr(_sched, "_thread_class", lambda policy, slice_ns: False)  # chute._native's call refused
+    assert _sched.background() is False
+    monkeypatch.setattr(_sched, "_thread_class", None)  # a build without the extension
     monkeypatch.setattr(os, "sched_setscheduler", refuse, raising=False)
     assert _sched.background() is False
     monkeypatch.setattr(_sched, "_ENABLED", False)
     assert _sched.background() is False
+
+
+def _slice_ns(tid: int | str = "thread-self") -> int | None:
+    """A thread's EEVDF time slice in ns, from /proc (Linux 6.6+), or None."""
+    path = "/proc/thread-self/sched" if tid == "thread-self" else f"/proc/self/task/{tid}/sched"
+    try:
+        with open(path) as f:
+            lines = [line for line in f if line.startswith("se.slice")]
+    except OSError:
+        return None
+    return int(lines[0].split(":")[1]) if lines else None
+
+
+def _custom_slices() -> bool:
+    """Whether the kernel keeps a thread's own slice (Linux 6.12+: sched_attr.sched_runtime of the fair classes)."""
+    from chute._native import thread_class
+
+    result: list[int | None] = []
+
+    def probe() -> None:
+        thread_class(os.SCHED_BATCH, 7_000_000)
+        result.append(_slice_ns())
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return result == [7_000_000]
+
+
+custom_slices = pytest.mark.skipif(
+    not hasattr(os, "SCHED_BATCH") or not _custom_slices(), reason="needs Linux 6.12+ (a thread's own time slice)"
+)
+
+
+@custom_slices
+def test_worker_threads_take_long_slices_and_the_loop_keeps_its_own(ds):
+    before = _slice_ns()
+    with chute.Loader(chute.open(ds), 8, shuffle=True, seed=1, workers=2) as loader:
+        ids = [int(i) for b in loader for i in b["id"]]
+        slices = {t.name: _slice_ns(t.native_id) for t in threading.enumerate() if t.name.startswith("chute-loader")}
+    from chute import _sched
+
+    assert sorted(ids) == list(range(96))
+    assert len(slices) == 2 and set(slices.values()) == {_sched.SLICE_NS}, slices
+    assert _slice_ns() == before  # the training loop's thread is left as it was
+
+
+@custom_slices
+def test_a_worker_thread_back_in_the_default_class_takes_the_default_slice(ds):
+    default = _slice_ns()
+    with chute.Loader(chute.open(ds), 8, transform=_wait, workers=1) as loader:
+        assert [[int(i) for b in loader for i in b["id"]] for _ in range(2)] == [list(range(96))] * 2
+        slices = [_slice_ns(t.native_id) for t in threading.enumerate() if t.name.startswith("chute-loader")]
+    assert slices == [default]
+
+
+@linux_only
+def test_the_class_call_keeps_the_threads_nice_value_and_checks_its_arguments():
+    from chute._native import thread_class
+
+    seen: list[tuple[int, int]] = []
+
+    def run() -> None:
+        os.setpriority(os.PRIO_PROCESS, 0, 7)  # Linux: this thread's nice value (a process started under nice)
+        for policy, slice_ns in [(os.SCHED_BATCH, 20_000_000), (os.SCHED_OTHER, 0)]:
+            assert thread_class(policy, slice_ns) is True
+            seen.append((os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert seen == [(os.SCHED_BATCH, 7), (os.SCHED_OTHER, 7)]
+    with pytest.raises(ValueError, match="policy must be 0"):
+        thread_class(1, 0)  # SCHED_FIFO: a real-time class is never asked for
+    with pytest.raises(ValueError, match="slice_ns"):
+        thread_class(os.SCHED_BATCH, 10**9)
