@@ -18,6 +18,10 @@ so its rate is the step's own. Each feeder is measured as that rate's fraction:
                  (chute's batch decoder: only the rows and columns of the crop)
   ...-normal     the row above with chute's threads in the default scheduling class
                  (CHUTE_THREAD_POLICY=normal; chute's default is SCHED_BATCH, docs/loader.md)
+  cpu-bound      W4, --paired only: the batches in memory, each handed over once 2 threads (chute's
+                 scheduling class) have spent chute-images' CPU per batch (measured first, one
+                 worker thread, quiet) in C without the GIL: the decode's CPU alone, what a loader
+                 with that decoder and no Python around it would give (above it only by decoding less)
   torch-*        the four torch DataLoaders of benchmarks/_torch.py (W2), or
                  per-sample decoding at num_workers 0 and N (W4); "/ best torch" is
                  against the fastest of them in the same run
@@ -78,6 +82,8 @@ CONFIGS = {
     "w2": ["memory", "chute", "chute-normal", *_torch.CONFIGS],
     "w4": ["memory", "chute", "chute-images", "chute-images-normal", "torch-0", f"torch-{_torch.WORKERS}"],
 }
+#: Paired runs only: W4's bound, the step rate a loader with chute-images' decode CPU and no Python would give.
+PAIRED_EXTRA = {"w4": ["cpu-bound"]}
 NORMAL = "-normal"  # the same Loader with its threads in the default scheduling class (CHUTE_THREAD_POLICY=normal)
 
 
@@ -90,6 +96,9 @@ def label(workload: str, config: str) -> str:
         return "chute Loader, default (autotuned threads)" + (", decode in the per-sample transform" if workload == "w4" else "")
     if config == "chute-images":
         return "chute Loader, default, chute.images.Decode('jpeg', RandomCrop(224)) (a batch transform, partial decodes)"
+    if config == "cpu-bound":
+        return ("bound: the batches in memory handed over by 2 threads that spend chute-images' CPU per batch in C without "
+                "the GIL, 4 ahead (a loader with that decoder and no Python)")
     if workload == "w4":
         return f"torch DataLoader, per-sample decode, num_workers={config.split('-')[-1]}"
     return _torch.label(config)
@@ -181,6 +190,12 @@ def _w4_feeders(data_dir: str, config: str, batch: int, short_batches: int):
         loader.close()
         cycle = lambda: (batches[i % len(batches)] for i in range(steps))  # noqa: E731
         return cycle, cycle, steps, lambda: None
+    if config == "cpu-bound":
+        cycle, _, _, _ = _w4_feeders(data_dir, "memory", batch, short_batches)
+        bound = CpuBound(list(cycle())[:8], _decode_cpu(ds, batch))
+        make = lambda: iter(bound)  # noqa: E731
+        make.bound = bound  # type: ignore[attr-defined]
+        return make, make, steps, bound.close
     if config in ("chute", "chute-images"):
         transform = decode_sample if config == "chute" else chute.images.Decode("jpeg", chute.images.RandomCrop(224))
         loader = chute.Loader(ds, batch, shuffle=True, seed=0, transform=transform)
@@ -190,6 +205,81 @@ def _w4_feeders(data_dir: str, config: str, batch: int, short_batches: int):
     long_loader = _torch.loader(dataset, batch, workers, False)
     short_loader = _torch.loader(dataset, batch, workers, False, num_samples=short_batches * batch)
     return lambda: iter(short_loader), lambda: iter(long_loader), steps, lambda: None
+
+
+def _decode_cpu(ds: Any, batch: int, batches: int = 60) -> float:
+    """Seconds of CPU per batch of chute-images' decode (its one worker thread's, all of it: native and Python)."""
+    import chute
+    import chute.images
+
+    loader = chute.Loader(ds, batch, shuffle=True, seed=0, workers=1, transform=chute.images.Decode("jpeg", chute.images.RandomCrop(224)))
+    with loader:
+        it = iter(loader)
+        for _ in range(10):
+            next(it)
+        cpu, own = time.process_time(), time.thread_time()
+        for _ in range(batches):
+            next(it)
+        return ((time.process_time() - cpu) - (time.thread_time() - own)) / batches
+
+
+class CpuBound:
+    """The cost of a decoder's CPU alone: the batches in memory, each handed over once ``threads`` threads (the batch
+    scheduling class and time slice of chute's workers) have spent ``cpu_s`` of CPU on it in C without the GIL
+    (SHA-256 of a buffer), at most ``depth`` ahead; a pass left early wastes what was ahead, as a loader's does."""
+
+    def __init__(self, batches: list[Any], cpu_s: float, threads: int = 2, depth: int = 4) -> None:
+        import hashlib
+        import queue
+        import threading
+
+        self.batches, self.cpu_s, self.stopped = batches, cpu_s, False
+        self.buffer = os.urandom(1 << 20)
+        start = time.thread_time()
+        for _ in range(20):
+            hashlib.sha256(self.buffer).digest()
+        self.reps = max(1, round(cpu_s / ((time.thread_time() - start) / 20)))
+        self.slots, self.ready = threading.Semaphore(depth), queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"cpu-bound-{i}", daemon=True) for i in range(threads)]
+        for thread in self.threads:
+            thread.start()
+
+    def _work(self) -> None:
+        import hashlib
+
+        import chute._sched
+
+        chute._sched.background()
+        while True:
+            self.slots.acquire()
+            if self.stopped:
+                return
+            for _ in range(self.reps):
+                hashlib.sha256(self.buffer).digest()
+            self.ready.put(1)
+
+    def __iter__(self) -> Any:
+        import queue
+
+        while True:  # what the last pass left ahead
+            try:
+                self.ready.get_nowait()
+            except queue.Empty:
+                break
+            self.slots.release()
+        i = 0
+        while True:
+            self.ready.get()
+            self.slots.release()
+            yield self.batches[i % len(self.batches)]
+            i += 1
+
+    def close(self) -> None:
+        self.stopped = True
+        for _ in self.threads:
+            self.slots.release()
+        for thread in self.threads:
+            thread.join()
 
 
 def measure(workload: str, config: str, data_dir: str, gil_ms: float, wait_ms: float, short_s: float, short_passes: int) -> dict:
@@ -221,7 +311,7 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     short_steps = max(1, round(args.short_s / (gil_s + wait_s)))
     make = _w2_feeders if workload == "w2" else _w4_feeders
     feeders, settings = {}, {}
-    for config in CONFIGS[workload]:
+    for config in [*CONFIGS[workload], *PAIRED_EXTRA.get(workload, [])]:
         with _policy(config):
             short_iter, _, _, close = make(args.data_dir, config.removesuffix(NORMAL), BATCH[workload], short_steps)
             run_passes(short_iter, min(5, short_steps), 1, gil_s, wait_s)  # workers started, imports done
@@ -253,6 +343,9 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
              **({"blocked": statistics.median(blocked[c])} if blocked[c] else {})}
             for c, m in med.items()]
     where = "; ".join(f"{c}: threads {s['threads']}, prefetch {s['prefetch']}" for c, s in settings.items())
+    bound = next((getattr(f, "bound", None) for f, _ in feeders.values() if hasattr(f, "bound")), None)
+    if bound is not None:
+        where += f"; cpu-bound: {bound.cpu_s * 1e3:.2f} ms of CPU per batch (chute-images' one worker thread, quiet, before the clock)"
     return {
         "title": f"{workload.upper()}, batch {BATCH[workload]}, step {args.gil_ms:g} ms GIL + {args.wait_ms:g} ms wait, {load}, paired",
         "columns": [["short_steps_per_s", f"steps/s, {args.short_s:g} s passes", ",.1f"], ["short_ratio_memory", "/ memory", ".3f"],
