@@ -105,3 +105,29 @@ def test_torch_iterable_reads_a_mixture(here):
     loader = torch.utils.data.DataLoader(batches, batch_size=None)
     for batch in loader:
         assert _source_counts(batch["label"].tolist()) == (30, 10)
+
+
+
+def _tagged(batch):
+    batch = dict(batch)
+    batch["tag"] = batch["label"] + 0  # a stage on a thread of its own: it sees every batch the loop gets
+    return batch
+
+
+@pytest.mark.parametrize("relay", ["stage", "device"])
+def test_set_weights_mid_pass_is_refused_with_stages_on_threads_of_their_own_and_applies_to_the_next_pass(here, relay):
+    extra = {"stages": [chute.BatchStage(_tagged, name="tag", where="thread")]} if relay == "stage" else {"device": "cpu"}
+    with chute.Loader(chute.mix({"a": "a", "b": "b"}, weights={"a": 0.75, "b": 0.25}), 20, shuffle=True, seed=3,
+                      workers=chute.Workers(count=2, prefetch=6), **extra) as loader:
+        iterator = iter(loader)
+        first = [next(iterator) for _ in range(4)]
+        with pytest.raises(chute.ChuteError, match="call it between passes"):
+            loader.set_weights({"a": 0.5, "b": 0.5})  # batches already handed on would keep the old weights
+        rest = list(iterator)  # the pass goes on, unchanged
+        loader.set_weights({"a": 0.5, "b": 0.5})  # between passes: the next one has them
+        following = list(loader)
+    assert [_source_counts(b["label"].tolist()) for b in first + rest] == [(15, 5)] * (len(first) + len(rest))
+    assert sorted(label for b in first + rest for label in b["label"].tolist()) == list(range(600)) + list(range(1000, 1200))
+    assert following and all(_source_counts(b["label"].tolist()) == (10, 10) for b in following)
+    if relay == "stage":
+        assert all(torch.equal(b["tag"], b["label"]) for b in first + rest + following)
