@@ -323,7 +323,10 @@ def _bounds(sizes: np.ndarray, box: np.ndarray, out: np.ndarray, scales: np.ndar
     y0 = np.maximum(0, np.floor(by0).astype(np.int64) - margin_y)
     x1 = np.minimum(w, np.ceil(bx1).astype(np.int64) + margin_x)
     y1 = np.minimum(h, np.ceil(by1).astype(np.int64) + margin_y)
-    return np.stack([bx0, by0, bx1, by1], axis=1), np.stack([x0, y0, x1, y1], axis=1)
+    boxes, bounds = np.empty((len(box), 4), dtype=np.float64), np.empty((len(box), 4), dtype=np.int64)
+    boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3] = bx0, by0, bx1, by1
+    bounds[:, 0], bounds[:, 1], bounds[:, 2], bounds[:, 3] = x0, y0, x1, y1
+    return boxes, bounds
 
 
 def _regions(sizes: np.ndarray, box: np.ndarray, out: np.ndarray, scales: np.ndarray) -> list[tuple[list[float], list[int]] | None]:

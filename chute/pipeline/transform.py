@@ -32,6 +32,7 @@ thread's :class:`~chute.pipeline.randomness.SampleScope`. Both depend only on
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,12 @@ class Functions:
         return self.transform is not None or self.collate is not None
 
 
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """numpy's dtype of a torch dtype (once per dtype: a batch transform asks for its block every batch)."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
 class BatchContext:
     """What a batch-level stage receives besides the batch, on the workers (``map(batch, ctx)``).
 
@@ -117,10 +124,10 @@ class BatchContext:
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype | np.dtype) -> torch.Tensor:
         """A tensor of ``shape`` and ``dtype`` to fill (its contents are undefined)."""
-        np_dtype = dtype if isinstance(dtype, np.dtype) else torch.empty(0, dtype=dtype).numpy().dtype
+        np_dtype = dtype if isinstance(dtype, np.dtype) else _numpy_dtype(dtype)
         if self.pool is None:
-            return torch.from_numpy(np.empty(tuple(shape), np.dtype(np_dtype)))
-        return self.pool.take(tuple(shape), np.dtype(np_dtype))[1]
+            return torch.from_numpy(np.empty(tuple(shape), np_dtype))
+        return self.pool.take(tuple(shape), np_dtype)[1]
 
     def random(self, k: int, stream: int = 0) -> np.ndarray:
         """``float64[n, k]`` in [0, 1), row ``i`` a function of ``(seed, epoch, stream, indices[i])`` only."""
