@@ -92,7 +92,7 @@ def feistel(n: int, half: int, round_keys: Sequence[int], out: Buffer) -> None:
 def thread_class(policy: int, slice_ns: int) -> bool:
     """Put the calling thread (Linux) in the fair class ``policy`` (0: SCHED_OTHER, 3: SCHED_BATCH) with a time slice
     of ``slice_ns`` (0: the kernel's default; honoured from Linux 6.12), keeping its nice value; False where that
-    cannot be done (another platform, a sandbox, a real-time or idle thread)."""
+    cannot be done (another platform, a sandbox, a thread that may not leave its class)."""
 
 def planes(
     image: Buffer, height: int, width: int, x0: int, y0: int, out: Buffer, out_height: int, out_width: int, flip: bool = False

@@ -66,9 +66,9 @@ def background() -> bool:
 
 
 def _set(policy: int | None) -> bool:
-    if _thread_class is not None and policy is not None:
-        return bool(_thread_class(policy, SLICE_NS if policy == _BATCH else 0))
-    try:
+    if _thread_class is not None and policy is not None and _thread_class(policy, SLICE_NS if policy == _BATCH else 0):
+        return True
+    try:  # the class without the slice (a build without the extension, a sandbox that filters sched_setattr)
         os.sched_setscheduler(0, policy, os.sched_param(0))  # type: ignore[arg-type]
     except (OSError, AttributeError, TypeError):  # a sandbox that forbids it, or a platform without it
         return False

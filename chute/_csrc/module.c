@@ -42,7 +42,7 @@ static PyMethodDef methods[] = {
               "thread_class(policy, slice_ns) -> bool\n\n"
               "Put the calling thread (Linux) in the fair class policy (0: SCHED_OTHER, 3: SCHED_BATCH) with a\n"
               "time slice of slice_ns (0: the kernel's default; honoured from Linux 6.12), keeping its nice value.\n"
-              "False where that cannot be done (another platform, a sandbox, a real-time or idle thread)."),
+              "False where that cannot be done (another platform, a sandbox, a thread that may not leave its class)."),
     CH_METHOD(planes,
               "planes(image, height, width, x0, y0, out, out_height, out_width, flip=False) -> None\n\n"
               "Write the out_height x out_width crop at (x0, y0) of an RGB image (uint8 [height, width, 3],\n"

@@ -46,8 +46,6 @@ PyObject *ch_thread_class(PyObject *module, PyObject *const *args, Py_ssize_t na
      * process started under nice would need a privilege */
     if (syscall(SYS_sched_getattr, 0, &attr, (unsigned)sizeof attr, 0u) != 0)
         Py_RETURN_FALSE;
-    if (attr.policy != 0 && attr.policy != 3)
-        Py_RETURN_FALSE; /* a real-time or idle thread (set by the user or an inherited class) is left alone */
     attr.size = (uint32_t)sizeof attr;
     attr.policy = (uint32_t)policy;
     attr.flags &= CH_RESET_ON_FORK;
@@ -55,7 +53,8 @@ PyObject *ch_thread_class(PyObject *module, PyObject *const *args, Py_ssize_t na
     attr.runtime = (uint64_t)slice_ns; /* kernels before 6.12 ignore it for the fair classes */
     attr.deadline = attr.period = 0;
     if (syscall(SYS_sched_setattr, 0, &attr, 0u) != 0) {
-        /* a sandbox that forbids it (seccomp: EPERM/ENOSYS): the thread's class stays as it was */
+        /* a sandbox that forbids it (seccomp: EPERM/ENOSYS), or a thread that may not leave its class (SCHED_IDLE
+         * without the privilege): the thread's class stays as it was */
         errno = 0;
         Py_RETURN_FALSE;
     }

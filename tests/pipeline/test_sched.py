@@ -115,13 +115,18 @@ def test_a_platform_or_sandbox_that_refuses_the_class_changes_nothing(monkeypatc
     def refuse(*args):
         raise PermissionError(1, "Operation not permitted")
 
+    calls = []
     monkeypatch.setattr(_sched, "_ENABLED", True)
     monkeypatch.setattr(_sched, "_BATCH", 3)
-    monkeypatch.setattr(_sched, "_thread_class", lambda policy, slice_ns: False)  # chute._native's call refused
-    assert _sched.background() is False
-    monkeypatch.setattr(_sched, "_thread_class", None)  # a build without the extension
+    monkeypatch.setattr(_sched, "_thread_class", lambda policy, slice_ns: calls.append((policy, slice_ns)) and False)
     monkeypatch.setattr(os, "sched_setscheduler", refuse, raising=False)
+    assert _sched.background() is False  # chute._native's call (class and slice) refused, and the class alone too
+    assert calls == [(3, _sched.SLICE_NS)]
+    monkeypatch.setattr(_sched, "_thread_class", None)  # a build without the extension
     assert _sched.background() is False
+    monkeypatch.setattr(os, "sched_setscheduler", lambda pid, policy, param: calls.append(policy), raising=False)
+    assert _sched.background() is True  # a sandbox that filters sched_setattr only: the class without the slice
+    assert calls[-1] == 3
     monkeypatch.setattr(_sched, "_ENABLED", False)
     assert _sched.background() is False
 
