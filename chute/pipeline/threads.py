@@ -30,9 +30,11 @@ state and the pass they run), so the Loader's finalizer stops them
 interpreter exit. The autotuner changes the executor while it runs:
 ``resize`` starts threads or retires some (a retired thread finishes its task,
 then exits) and ``depth`` may change at any time (up to the channel's slots).
-Each thread counts its time in tasks (``workers`` stage busy) and waiting for
-one (``wait_out``: the consumer had not taken results, so no step was
-submitted); the time between passes is not counted.
+Each thread counts its time in tasks, the hand-over of the result included
+(``workers`` stage busy: the put lets go of the batches the loop dropped,
+``chute._channel``), and waiting for one (``wait_out``: the consumer had not
+taken results, so no step was submitted); the time between passes is not
+counted.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from chute._sched import CHECK_EVERY, Adaptive
 if TYPE_CHECKING:
     from chute.observe.counters import StageCounter
     from chute.pipeline.task import Task
+
+_clock = time.perf_counter_ns  # (a module global: a test gives the threads a clock of its own)
 
 _STOP = -1  # every thread exits (the executor shuts down)
 _RETIRE = -2  # the one thread that takes it exits, if the count is still to come down
@@ -131,7 +135,7 @@ def _leave(shared: _Shared, me: threading.Thread) -> bool:
 
 
 def _work(shared: _Shared, stage: StageCounter | None) -> None:
-    clock = time.perf_counter_ns
+    clock = _clock
     sched = Adaptive()  # batch class while the tasks compute: a woken worker never preempts the loop (chute._sched)
     tasks, tasks_ns = 0, 0
     me = threading.current_thread()
@@ -173,7 +177,8 @@ def _work(shared: _Shared, stage: StageCounter | None) -> None:
                 if tasks == CHECK_EVERY:
                     sched.check(tasks_ns)
                     tasks, tasks_ns = 0, 0
-            if cell is not None:
+            if cell is not None:  # the hand-over is work (it frees the batches the loop dropped): idle is only the wait for a step
+                end = clock()
                 cell.wait_out_ns += start - idle
                 cell.busy_ns += end - start
                 cell.items += 1

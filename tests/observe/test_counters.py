@@ -240,6 +240,39 @@ def test_executor_grows_and_shrinks_while_results_stay_in_order():
     assert [t for t in threading.enumerate() if t.name.startswith("test-pool")] == []
 
 
+def test_executor_counts_the_hand_over_as_busy_not_idle(monkeypatch):
+    """A worker's put (which lets go of the batches the loop dropped) is its work: counted idle, the autotuner read
+    busy workers as starved of steps and deepened the prefetch for nothing. The clock moves only inside the put."""
+    import chute.pipeline.threads as threads
+
+    now = [0]
+    monkeypatch.setattr(threads, "_clock", lambda: now[0])
+
+    class SlowPut(Channel):
+        def put(self, step, item):
+            now[0] += 1_000_000  # 1 ms of the fake clock per hand-over, nothing elsewhere
+            super().put(step, item)
+
+    class Task(_Task):
+        def __call__(self, step, start, w):
+            return self.fn(step), now[0]
+
+    counters = Counters()
+    stage = counters.stage("workers")
+    channel = SlowPut(4)
+    executor = ThreadExecutor(1, 2, name="test-pool", stage=stage)  # one thread: only its own puts move the clock
+    try:
+        work = executor.bind(Task(lambda i: i), channel)
+        assert list(_results(work, channel, 10)) == list(range(10))
+        work.close()
+    finally:
+        executor.shutdown()
+    totals = stage.totals()
+    assert totals.items == 10
+    assert totals.busy_ns == 10 * 1_000_000
+    assert totals.wait_out_ns == 0
+
+
 def test_executor_counts_busy_and_idle_time_per_thread():
     counters = Counters()
     stage = counters.stage("workers")
