@@ -93,7 +93,11 @@ def calls_per_batch(make) -> tuple[float, collections.Counter]:
 
 
 @pytest.mark.parametrize("batch_size", [64, 256])
-def test_a_w2_batch_costs_at_most_thirty_python_calls(w2, batch_size):
+def test_a_w2_batch_costs_at_most_thirty_python_calls(w2, batch_size, monkeypatch):
+    # A pass of at most SHORT_PASS steps makes a channel slot (two calls) per step at its start: a fixed cost of
+    # the pass that the two passes compared here (63 and 32 steps at batch 256) would not cancel. Every pass
+    # gets the long passes' slots, so only the hot path is counted.
+    monkeypatch.setattr("chute.pipeline.build.SHORT_PASS", 0)
     seen = []
     for _ in range(3):  # the scheduler only adds calls (waits): the lowest count is the path's own
         per_batch, counts = calls_per_batch(lambda: chute.Loader(w2, batch_size, shuffle=True, seed=0))
