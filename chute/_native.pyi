@@ -89,6 +89,10 @@ def dicts_from_values(entry_offsets: Buffer, key_offsets: Buffer, key_data: Buff
 def feistel(n: int, half: int, round_keys: Sequence[int], out: Buffer) -> None:
     """Fill the int64 buffer ``out`` (n items) with ``chute.order``'s Feistel permutation of ``range(n)``."""
 
+def group_by_shard(rows: Buffer, width: int, offsets: Buffer, out: Buffer) -> None:
+    """Each row of ``width`` int64 values of ``rows``, stably ordered by shard, into ``out`` (as many values, not
+    overlapping ``rows``): the shard of a value is ``numpy.searchsorted(offsets, value, side="right")``."""
+
 def thread_class(policy: int, slice_ns: int) -> bool:
     """Put the calling thread (Linux) in the fair class ``policy`` (0: SCHED_OTHER, 3: SCHED_BATCH) with a time slice
     of ``slice_ns`` (0: the kernel's default; honoured from Linux 6.12), keeping its nice value; False where that

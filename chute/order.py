@@ -87,6 +87,12 @@ def permutation(n: int, key: int) -> np.ndarray:
     return out
 
 
+def _group_by_shard_numpy(rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each row of ``rows`` (``[count, width]``) stably ordered by shard: ``chute._native.group_by_shard`` in numpy."""
+    shard = np.searchsorted(offsets, rows, side="right")
+    return np.take_along_axis(rows, np.argsort(shard, axis=1, kind="stable"), axis=1)
+
+
 def _permutation_numpy(n: int, key: int) -> np.ndarray:
     """``permutation`` in numpy: the reference the native Feistel network is tested against."""
     if n <= 1:
@@ -310,7 +316,7 @@ class Order:
 
         Row ``k`` equals ``batch(epoch, first + k, rank, world_size, consumed)``,
         computed for all the steps at once (one slice of the global order, one
-        vectorised sort by shard) instead of one batch at a time. Only full steps
+        native grouping by shard) instead of one batch at a time. Only full steps
         (see :meth:`full_steps`); the last, partial step comes from :meth:`batch`.
         """
         _check_world(world_size, rank)
@@ -322,10 +328,12 @@ class Order:
         size = self.batch_size * world_size
         start = consumed + first * size
         rows = self.positions(epoch, start, start + count * size).reshape(count, world_size, self.batch_size)[:, rank, :]
-        if len(self.shard_rows) > 1 and self.batch_size > 1:
-            shard = np.searchsorted(self.offsets, rows, side="right")
-            rows = np.take_along_axis(rows, np.argsort(shard, axis=1, kind="stable"), axis=1)
-        return np.ascontiguousarray(rows)
+        rows = np.ascontiguousarray(rows)
+        if len(self.shard_rows) > 1 and self.batch_size > 1 and count:
+            grouped = np.empty_like(rows)
+            _native.group_by_shard(rows, self.batch_size, self.offsets, grouped)  # (numpy's stable argsort: 7x the time)
+            return grouped
+        return rows
 
     def batches(self, epoch: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> Iterator[np.ndarray]:
         """Every batch rank ``rank`` delivers from position ``consumed`` to the end of the epoch."""
@@ -367,10 +375,13 @@ class Order:
         return uses
 
     def _group_by_shard(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` stably ordered by shard (``_group_by_shard_numpy`` is the same in numpy)."""
         if len(self.shard_rows) <= 1 or len(rows) <= 1:
             return rows
-        shard = np.searchsorted(self.offsets, rows, side="right")
-        return rows[np.argsort(shard, kind="stable")]
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        grouped = np.empty_like(rows)
+        _native.group_by_shard(rows, len(rows), self.offsets, grouped)
+        return grouped
 
     # ------------------------------------------------------------------ resume state
 

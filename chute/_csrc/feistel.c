@@ -1,4 +1,5 @@
-/* feistel: chute.order's keyed permutation of range(n), without temporary arrays. */
+/* chute.order's kernels: the keyed permutation of range(n) (without temporary arrays), and each batch's rows
+ * grouped by shard. */
 #include "native.h"
 
 #define ROUNDS 6
@@ -96,6 +97,138 @@ PyObject *ch_feistel(PyObject *module, PyObject *const *args, Py_ssize_t nargs, 
     if (written != n) {
         PyErr_Format(PyExc_RuntimeError, "the Feistel network gave %lld values below n = %lld", (long long)written,
                      (long long)n);
+        return NULL;
+    }
+    return Py_NewRef(Py_None);
+}
+
+/* ------------------------------------------------------------------ rows grouped by shard */
+
+/* The shard bucket of v: how many offsets are <= v (numpy's searchsorted(offsets, v, side="right")), for sorted
+ * offsets. Branch-free (the compiler makes the choice a conditional move): a batch's rows come in random order,
+ * so a branch per step would be mispredicted half the time. */
+static inline uint32_t bucket_of(const int64_t *offsets, int64_t count, int64_t v)
+{
+    const int64_t *base = offsets;
+    int64_t n = count;
+    while (n > 1) {
+        int64_t half = n / 2;
+        base = base[half] <= v ? base + half : base;
+        n -= half;
+    }
+    return (uint32_t)((base - offsets) + (*base <= v));
+}
+
+/* The widest span of buckets one row may cover for the counting sort; beyond, the row is merge-sorted. */
+#define SPAN 1024
+
+/* One row of `width` values into `out`, stably ordered by bucket. `keys` and `tmp`: `width` items of scratch;
+ * `counts`: SPAN items. */
+static void group_row(const int64_t *row, int64_t width, const int64_t *offsets, int64_t noffsets, int64_t *out,
+                      uint64_t *keys, uint64_t *tmp, int64_t *counts)
+{
+    uint32_t low = UINT32_MAX, high = 0, last = 0;
+    int64_t descents = 0;
+    for (int64_t j = 0; j < width; j++) {
+        uint32_t b = bucket_of(offsets, noffsets, row[j]);
+        keys[j] = ((uint64_t)b << 32) | (uint64_t)j; /* unique keys: any sort of them is stable */
+        descents += b < last;
+        last = b;
+        low = b < low ? b : low;
+        high = b > high ? b : high;
+    }
+    if (descents == 0) { /* already grouped (a single shard, or rows read in order) */
+        memcpy(out, row, (size_t)width * 8);
+        return;
+    }
+    if (high - low < SPAN) { /* counting sort over the buckets the row covers */
+        int64_t span = (int64_t)(high - low) + 1;
+        memset(counts, 0, (size_t)span * sizeof(int64_t));
+        for (int64_t j = 0; j < width; j++)
+            counts[(keys[j] >> 32) - low]++;
+        int64_t at = 0;
+        for (int64_t k = 0; k < span; k++) { /* counts become each bucket's first place */
+            int64_t c = counts[k];
+            counts[k] = at;
+            at += c;
+        }
+        for (int64_t j = 0; j < width; j++)
+            out[counts[(keys[j] >> 32) - low]++] = row[j];
+        return;
+    }
+    /* bottom-up merge sort of the keys */
+    uint64_t *a = keys, *b = tmp;
+    for (int64_t run = 1; run < width; run *= 2) {
+        for (int64_t lo = 0; lo < width; lo += 2 * run) {
+            int64_t mid = lo + run < width ? lo + run : width, hi = lo + 2 * run < width ? lo + 2 * run : width;
+            int64_t i = lo, k = mid, o = lo;
+            while (i < mid && k < hi)
+                b[o++] = a[i] <= a[k] ? a[i++] : a[k++];
+            while (i < mid)
+                b[o++] = a[i++];
+            while (k < hi)
+                b[o++] = a[k++];
+        }
+        uint64_t *t = a;
+        a = b;
+        b = t;
+    }
+    for (int64_t j = 0; j < width; j++)
+        out[j] = row[a[j] & UINT64_C(0xFFFFFFFF)];
+}
+
+PyObject *ch_group_by_shard(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    (void)module;
+    static const char *const names[] = {"rows", "width", "offsets", "out", NULL};
+    PyObject *a[4];
+    if (ch_parse_args("group_by_shard", args, nargs, kwnames, names, 4, a) < 0)
+        return NULL;
+    int64_t width;
+    if (ch_int_arg(a[1], 1, UINT32_MAX, "width", &width) < 0)
+        return NULL;
+    Py_buffer rows, offsets, out;
+    Py_ssize_t n, noffsets, nout;
+    if (ch_int_buffer(a[0], &rows, 8, 0, 1, "rows", &n) < 0)
+        return NULL;
+    if (ch_int_buffer(a[2], &offsets, 8, 0, 1, "offsets", &noffsets) < 0) {
+        ch_release(&rows);
+        return NULL;
+    }
+    if (ch_int_buffer(a[3], &out, 8, 1, 1, "out", &nout) < 0) {
+        ch_release(&rows);
+        ch_release(&offsets);
+        return NULL;
+    }
+    const char *problem = NULL;
+    if (n % width != 0)
+        problem = "rows does not hold a whole number of rows of width values";
+    else if (nout != n)
+        problem = "out does not hold as many values as rows";
+    else if (noffsets < 1 || noffsets > INT32_MAX)
+        problem = "offsets must hold S + 1 entries for S shards (S < 2**31)";
+    else if (n > 0 && (char *)out.buf < (char *)rows.buf + rows.len && (char *)rows.buf < (char *)out.buf + out.len)
+        problem = "out overlaps rows: a row's values are read again while it is written";
+    uint64_t *scratch = NULL;
+    if (problem == NULL && n > 0 && (scratch = PyMem_RawMalloc(((size_t)width * 2 + SPAN) * sizeof(uint64_t))) == NULL)
+        problem = "";
+    if (problem == NULL) {
+        const int64_t *src = rows.buf, *offs = offsets.buf;
+        int64_t *dst = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < n / width; r++)
+            group_row(src + r * width, width, offs, noffsets, dst + r * width, scratch, scratch + width,
+                      (int64_t *)(scratch + 2 * width));
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_RawFree(scratch);
+    ch_release(&rows);
+    ch_release(&offsets);
+    ch_release(&out);
+    if (problem != NULL) {
+        if (problem[0] == '\0')
+            return PyErr_NoMemory();
+        PyErr_SetString(PyExc_ValueError, problem);
         return NULL;
     }
     return Py_NewRef(Py_None);

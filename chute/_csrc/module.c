@@ -38,6 +38,11 @@ static PyMethodDef methods[] = {
     CH_METHOD(feistel,
               "feistel(n, half, round_keys, out) -> None\n\n"
               "Fill the int64 buffer out with chute.order's keyed Feistel permutation of range(n)."),
+    CH_METHOD(group_by_shard,
+              "group_by_shard(rows, width, offsets, out) -> None\n\n"
+              "Each row of width int64 values of rows (C-contiguous), stably ordered by shard, into out (as many\n"
+              "int64): a value's shard is numpy.searchsorted(offsets, value, side='right') (offsets: int64, S + 1).\n"
+              "The same as rows[argsort(searchsorted(offsets, rows, 'right'), kind='stable')] row by row."),
     CH_METHOD(thread_class,
               "thread_class(policy, slice_ns) -> bool\n\n"
               "Put the calling thread (Linux) in the fair class policy (0: SCHED_OTHER, 3: SCHED_BATCH) with a\n"

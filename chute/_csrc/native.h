@@ -244,6 +244,7 @@ PyObject *ch_take_objects(PyObject *module, PyObject *const *args, Py_ssize_t na
 PyObject *ch_take_dicts(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ch_dicts_from_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ch_feistel(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *ch_group_by_shard(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ch_thread_class(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ch_planes(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ch_resample(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

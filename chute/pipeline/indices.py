@@ -9,7 +9,7 @@ Loader's ``state_dict()`` (a stage of one's own after it nests it in its own).
 :class:`BatchIndices` is one pass's table of rows, a thin layer over the
 order: the rows of a *chunk* of steps (about
 one shuffle window of rows) are computed at once with :meth:`Order.steps`
-(one slice of the global order, one vectorised sort by shard), the next chunk
+(one slice of the global order, one native grouping by shard), the next chunk
 is computed when the second step of the current one starts being read, and a
 batch's indices are then a row of the chunk: a list lookup, no Python call.
 The first step of a pass is computed alone (its chunk comes with the step
