@@ -87,6 +87,17 @@ def permutation(n: int, key: int) -> np.ndarray:
     return out
 
 
+def group_by_shard(rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each batch of ``rows`` (``[batch]``, or ``[count, batch]``: one batch a row) stably ordered by shard, the
+    shards given by their row ``offsets`` (S + 1): one native call (``_group_by_shard_numpy`` is the same in numpy)."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if rows.size == 0:
+        return rows
+    grouped = np.empty_like(rows)
+    _native.group_by_shard(rows, rows.shape[-1], offsets, grouped)
+    return grouped
+
+
 def _group_by_shard_numpy(rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Each row of ``rows`` (``[count, width]``) stably ordered by shard: ``chute._native.group_by_shard`` in numpy."""
     shard = np.searchsorted(offsets, rows, side="right")
@@ -328,12 +339,9 @@ class Order:
         size = self.batch_size * world_size
         start = consumed + first * size
         rows = self.positions(epoch, start, start + count * size).reshape(count, world_size, self.batch_size)[:, rank, :]
-        rows = np.ascontiguousarray(rows)
-        if len(self.shard_rows) > 1 and self.batch_size > 1 and count:
-            grouped = np.empty_like(rows)
-            _native.group_by_shard(rows, self.batch_size, self.offsets, grouped)  # (numpy's stable argsort: 7x the time)
-            return grouped
-        return rows
+        if len(self.shard_rows) > 1 and self.batch_size > 1:
+            return group_by_shard(rows, self.offsets)  # (numpy's searchsorted and stable argsort: 7x the time)
+        return np.ascontiguousarray(rows)
 
     def batches(self, epoch: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> Iterator[np.ndarray]:
         """Every batch rank ``rank`` delivers from position ``consumed`` to the end of the epoch."""
@@ -375,13 +383,9 @@ class Order:
         return uses
 
     def _group_by_shard(self, rows: np.ndarray) -> np.ndarray:
-        """``rows`` stably ordered by shard (``_group_by_shard_numpy`` is the same in numpy)."""
         if len(self.shard_rows) <= 1 or len(rows) <= 1:
             return rows
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
-        grouped = np.empty_like(rows)
-        _native.group_by_shard(rows, len(rows), self.offsets, grouped)
-        return grouped
+        return group_by_shard(rows, self.offsets)
 
     # ------------------------------------------------------------------ resume state
 

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from chute.order import DEFAULT_WINDOW, Order, _check_world, _key
+from chute.order import DEFAULT_WINDOW, Order, _check_world, _key, group_by_shard
 
 
 def apportion(total: int, weights: Sequence[Fraction]) -> list[int]:
@@ -282,8 +282,7 @@ class MixOrder:
             step_of.append(np.repeat(np.arange(count), per_step[:, k]))
         together = np.concatenate(rows)[np.argsort(np.concatenate(step_of), kind="stable")]
         mine = together.reshape(count, size)[:, rank::world_size]  # full steps: size rows each, dealt in turn
-        shard = np.searchsorted(self.offsets, mine, side="right")
-        return np.take_along_axis(mine, np.argsort(shard, axis=1, kind="stable"), axis=1)
+        return group_by_shard(mine, self.offsets)
 
     # ------------------------------------------------------------------ plans and counters
 
@@ -426,8 +425,7 @@ class MixOrder:
     def _group_by_shard(self, rows: np.ndarray) -> np.ndarray:
         if len(rows) <= 1:
             return rows
-        shard = np.searchsorted(self.offsets, rows, side="right")
-        return rows[np.argsort(shard, kind="stable")]
+        return group_by_shard(rows, self.offsets)
 
     def shard_uses(self, epoch: int, world_size: int = 1, consumed: int = 0) -> list[tuple[int, int, int]]:
         """``(first step, last step, shard)`` for each use of a shard by the rest of the epoch, by first step.
