@@ -336,7 +336,7 @@ class Policy:
         self.ceiling = max_threads  # lowered when a thread did not help
         self.depth_ceiling = 1 << 30  # lowered when a deeper prefetch did not help
         self.floor = 1  # the depth a kept deepening reached
-        self.batch_bytes = 0.0  # the largest mean batch size seen
+        self.batch_bytes = 0.0  # the largest mean batch size seen (since the workload last changed)
         self.steps: collections.deque[Step] = collections.deque(maxlen=STEPS)
         self._trial: _Trial | None = None
         self._steady: list[_Seen] = []  # the windows since the last change
@@ -506,11 +506,14 @@ class Policy:
     def _reopen(self, shift: str) -> list[tuple[str, str]]:
         """The workload changed (``shift`` says how): what the judged trials found no longer holds.
 
-        Ceilings, floors, the probe and the one-time notes are reset, and the
-        windows from now on are the new baseline (the settings stay where they
-        are: the trials start from them). Once per change: the new workload's
-        windows are the reference the next change is measured against.
+        Ceilings, floors, the probe, the one-time notes and the largest batch
+        seen (the memory budget's measure: a new transform may make smaller
+        batches) are reset, and the windows from now on are the new baseline
+        (the settings stay where they are: the trials start from them). Once
+        per change: the new workload's windows are the reference the next
+        change is measured against.
         """
+        self.batch_bytes = 0.0  # (the next window measures it before anything is decided on it)
         self.ceiling = self.max_threads
         self.depth_ceiling = 1 << 30
         self.floor = 1

@@ -454,8 +454,8 @@ class Workload:
     """A pass's work per batch: the loop's own ``loop_s`` (a training step) and the workers' ``work_s`` of CPU
     (no GIL) on ``cpus`` cores. Each window's times per batch and rate carry a seeded noise of +-``noise``."""
 
-    def __init__(self, loop_s: float, work_s: float, noise: float, seed: int, cpus: int = 2) -> None:
-        self.loop_s, self.work_s, self.cpus = loop_s, work_s, cpus
+    def __init__(self, loop_s: float, work_s: float, noise: float, seed: int, cpus: int = 2, batch_bytes: float = 1e6) -> None:
+        self.loop_s, self.work_s, self.cpus, self.batch_bytes = loop_s, work_s, cpus, batch_bytes
         self.noise = noise
         self.rng = np.random.default_rng(seed)
 
@@ -469,7 +469,7 @@ class Workload:
         return Window(
             seconds=1.0, wait_s=max(0.0, 1.0 - compute), compute_s=min(1.0, compute), batches=batches,
             samples=64 * batches, busy_s=busy, idle_s=threads - busy, min_ready=0 if compute < 0.95 else 3,
-            batch_bytes=1e6, cpu_s=batches * (work_s + loop_s), loop_cpu_s=min(1.0, compute),
+            batch_bytes=self.batch_bytes, cpu_s=batches * (work_s + loop_s), loop_cpu_s=min(1.0, compute),
         )
 
 
@@ -519,6 +519,20 @@ def test_reopened_trials_reset_what_the_judged_ones_found():
     changes = run_passes(policy, workload, passes=30, windows=12)
     assert changes.count("trials re-opened") == 1
     assert policy.threads > 2, [s.describe() for s in policy.steps]
+
+
+def test_a_changed_workload_measures_its_batches_anew_for_the_memory_budget():
+    """Batches of 100 MB fill a 512 MB budget at 5 in flight; a new transform makes 3x cheaper 1 MB batches:
+    re-opened, the budget is measured on the new batches (the largest of the old ones no longer caps the depth)."""
+    workload = Workload(loop_s=0.001, work_s=0.003, noise=0.05, seed=2, batch_bytes=100e6)
+    policy = Policy(1, 4, max_threads=16, cpu_budget=2, max_bytes=512 << 20)
+    run_passes(policy, workload, passes=10, windows=12)
+    assert policy.depth_limit() == 5 and policy.depth <= 5
+    workload.work_s, workload.batch_bytes = workload.work_s / 3, 1e6
+    changes = run_passes(policy, workload, passes=30, windows=12)
+    assert changes.count("trials re-opened") == 1
+    assert policy.batch_bytes == 1e6
+    assert policy.depth_limit() == (512 << 20) // 1_000_000
 
 
 # ---------------------------------------------------------------- live, against stages of known cost
