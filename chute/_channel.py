@@ -147,6 +147,12 @@ class Channel:
                 item = None
         return item
 
+    def let_go(self) -> None:
+        """The consumer takes nothing from this channel for now (the loop builds the steps itself): let go of
+        the results it took, which no put will let go of meanwhile (with ``keep=True``)."""
+        if self._kept is not None:
+            self._kept = [None] * self._size  # (a put running now writes into the old list: nothing it holds stays)
+
     def ready(self, step: int) -> bool:
         """Whether the result of ``step`` is there (without taking it)."""
         return self._full[step % self.slots].locked() is False

@@ -179,6 +179,7 @@ class Feed:
         self.channel, self.executor, self.fetcher, self.steps = run.channel, run.executor, run.fetcher, run.steps
         self.taken = 0
         self._w = -1  # the loop's worker number in the pass's task, once it built a step inline
+        self._inline_next = -1  # the step the loop builds next when it goes on building inline
         self.submitted = submitted = 0 if getattr(self.executor, "inline", False) else min(self.steps, self.executor.depth)
         for step in range(submitted):
             self.executor.submit(step)
@@ -193,6 +194,9 @@ class Feed:
         run = self.run
         if executor.inline:
             self.submitted = run.submitted = step + 1
+            if step != self._inline_next:  # the loop starts building: the batches it took from the workers go
+                self.channel.let_go()  # type: ignore[union-attr]
+            self._inline_next = step + 1
             if self._w < 0:  # the loop's thread as one more worker of the task (its counters, the watchdog's view)
                 self._w = run.task.register(threading.get_ident())
                 if run.watch is not None and run.build_watch is None:  # its own work cannot time out: a thread looks

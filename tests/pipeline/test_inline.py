@@ -84,6 +84,26 @@ def test_switching_in_the_middle_of_a_pass_either_way_keeps_every_batch_in_order
         assert threading.get_ident() in loader._pass.task.threads and len(loader._pass.task.threads) > 1
 
 
+def test_batches_taken_from_the_workers_are_let_go_once_the_loop_builds_its_own(ds):
+    """The channel keeps the batches the loop took until a worker's next put (their memory is freed on a worker's
+    thread); once the loop builds the batches itself no put comes: they are let go of when it starts."""
+    import gc
+    import weakref
+
+    with chute.Loader(ds, BATCH, shuffle=True, seed=5, workers=chute.Workers(count=2, prefetch=2)) as loader:
+        taken = []
+        for k, batch in enumerate(loader):
+            if k < 4:
+                taken.append(weakref.ref(batch["x"]))
+            if k == 3:
+                loader._pass.executor.inline = True  # steps 4 and 5 still come from the workers, then the loop builds
+            if k == 8:
+                del batch
+                gc.collect()
+                assert [ref() for ref in taken] == [None] * 4  # nothing of the threads' batches is held any more
+                break
+
+
 def test_a_pass_broken_off_inline_restarts_where_it_started_and_resumes_from_a_state(ds):
     want = reference(ds)
     with make(ds, inline=True) as loader:
