@@ -257,34 +257,28 @@ def test_executor_counts_the_hand_over_as_busy_not_idle(monkeypatch):
         def __call__(self, step, start, w):
             return self.fn(step), now[0]
 
-    counters = Counters()
-    stage = counters.stage("workers")
-    channel = SlowPut(4)
-    executor = ThreadExecutor(1, 2, name="test-pool", stage=stage)  # one thread: only its own puts move the clock
-    try:
-        work = executor.bind(Task(lambda i: i), channel)
-        assert list(_results(work, channel, 10)) == list(range(10))
-        work.close()
-    finally:
-        executor.shutdown()
-    totals = stage.totals()
+    totals = _counted(Task(lambda i: i), SlowPut(4), threads=1)  # one thread: only its own puts move the clock
     assert totals.items == 10
     assert totals.busy_ns == 10 * 1_000_000
     assert totals.wait_out_ns == 0
 
 
-def test_executor_counts_busy_and_idle_time_per_thread():
+def _counted(task, channel, threads):
+    """Ten steps of ``task`` on ``threads`` counted worker threads, results into ``channel``: the workers' totals."""
     counters = Counters()
     stage = counters.stage("workers")
-    channel = Channel(4)
-    executor = ThreadExecutor(2, 2, name="test-pool", stage=stage)
+    executor = ThreadExecutor(threads, 2, name="test-pool", stage=stage)
     try:
-        work = executor.bind(_Task(lambda i: time.sleep(0.01) or i), channel)
+        work = executor.bind(task, channel)
         assert list(_results(work, channel, 10)) == list(range(10))
         work.close()
     finally:
         executor.shutdown()
-    totals = stage.totals()
+    return stage.totals()
+
+
+def test_executor_counts_busy_and_idle_time_per_thread():
+    totals = _counted(_Task(lambda i: time.sleep(0.01) or i), Channel(4), threads=2)
     assert totals.items == 10
     assert totals.busy_ns >= 10 * 10_000_000  # each task slept 10 ms
     assert totals.workers == 2

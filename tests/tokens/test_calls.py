@@ -19,12 +19,14 @@ import chute
 from tests.pipeline.test_calls import calls_of_a_pass
 
 #: Python calls per batch, all threads together, but the channel's ``lock.locked`` polls (below): measured
-#: 23.3-23.7 (concat) and 28.3-28.7 (documents), the larger figure at the larger batch (the order's chunks
-#: are shared by fewer batches); the budget leaves one call of room for the autotuner starting a thread
-#: mid-pass. A documents batch adds to a concat one: ``torch.from_numpy`` and a free-list ``pop`` for the
-#: position_ids block, ``np.empty`` and ``torch.from_numpy`` for cu_seqlens, the ``dict.update`` that puts
-#: it into the batch.
-BUDGET = {"concat": 25, "documents": 30}
+#: 25.0-25.3 (concat) and 30.0-30.3 (documents), the larger figure at the larger batch (the order's chunks
+#: are shared by fewer batches); the budget leaves about one call of room for the autotuner starting a
+#: thread mid-pass, and the lowest of up to three measurements is held to it, as for W2. One call of each
+#: figure is the clock a worker reads after handing its batch over (the hand-over is busy time, not idle:
+#: chute.pipeline.threads); the figures were 23.3-23.7 and 28.3-28.7 before. A documents batch adds to a
+#: concat one: ``torch.from_numpy`` and a free-list ``pop`` for the position_ids block, ``np.empty`` and
+#: ``torch.from_numpy`` for cu_seqlens, the ``dict.update`` that puts it into the batch.
+BUDGET = {"concat": 26, "documents": 31}
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +60,13 @@ def calls_per_batch(make) -> tuple[float, collections.Counter]:
 def test_a_sequence_batch_costs_a_fixed_handful_of_python_calls(corpus, pack, batch_size):
     view = chute.tokens.sequences(corpus, 64, pack=pack)
     assert len(view.shards) > 1 and len(view) // batch_size >= 40
-    per_batch, counts = calls_per_batch(lambda: chute.Loader(view, batch_size, shuffle=True, seed=0))
-    assert per_batch <= BUDGET[pack], f"{per_batch:.2f} calls per batch; per pass, the most frequent: {counts.most_common(16)}"
+    seen = []
+    for _ in range(3):  # the scheduler only adds calls (a thread started, a wait): the lowest count is the path's own
+        per_batch, counts = calls_per_batch(lambda: chute.Loader(view, batch_size, shuffle=True, seed=0))
+        seen.append(f"{per_batch:.2f} calls per batch; per pass, the most frequent: {counts.most_common(16)}")
+        if per_batch <= BUDGET[pack]:
+            return
+    pytest.fail("\n".join(seen))
 
 
 def test_a_packed_view_starts_with_a_thread_per_core_like_a_concat_one(tmp_path):
