@@ -181,6 +181,27 @@ class CacheChecker:
         assert not self.overgrown, f"downloads written past their shard's size: {sorted(set(self.overgrown))}"
 
 
+def journal_files(cache_dir: str) -> dict[str, int] | None:
+    """What the cache's journal (chute/storage/node/ledger.py) counts as it reads now, ``{"<key>/<file>":
+    bytes}``, read without syncing (a sync may scan, and a scan changes the directory); None: no journal."""
+    from chute.storage.node.ledger import JOURNAL
+
+    try:
+        with open(os.path.join(cache_dir, JOURNAL), encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().split("\n")[:-1]
+    except FileNotFoundError:
+        return None
+    counted: dict[str, int] = {}
+    for line in lines:
+        op, _, rest = line.partition(" ")
+        if op == "+":
+            key, _, size = rest.rpartition(" ")
+            counted[key] = int(size)
+        else:
+            counted.pop(rest, None)
+    return counted
+
+
 def part_files(cache_dir: str) -> list[str]:
     """Every unfinished download (``.part`` file) under ``cache_dir``."""
     return sorted(os.path.join(d, f) for d, _, files in os.walk(cache_dir) for f in files if f.endswith(".part"))

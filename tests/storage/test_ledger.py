@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -17,7 +18,7 @@ import chute
 from chute.storage.node import ledger as ledger_module
 from chute.storage.node.ledger import JOURNAL, Ledger, scan
 from chute.storage.node.share import cache_lock
-from tests.storage._helpers import assert_same_epoch, epoch_columns, loader, local_epochs, write_dataset
+from tests.storage._helpers import STALL_S, assert_same_epoch, epoch_columns, loader, local_epochs, part_files, write_dataset
 
 
 def _dataset_dir(cache_dir, key: str = "0123456789abcdef"):
@@ -164,6 +165,41 @@ def test_a_dead_download_counted_by_the_journal_is_removed_when_room_runs_out(ht
     assert_same_epoch(got, local_epochs(str(http_server.root / "ds"), 1)[0])
     assert not os.path.exists(os.path.join(ds.cache.dir, dead))
     assert ledger_module.ledger(str(cache_dir)).scans == 2  # the first look, and the one that found the room
+
+
+def test_a_dead_download_of_the_shard_this_process_downloads_next_is_removed(http_server, served, tmp_path):
+    """A process killed while it downloaded shard 0 left its ``.part``, which fills the cache. This process
+    takes shard 0's download lock before it reserves room, and then looks for dead downloads, found by
+    trying their download lock: a try that fails against this process's own lock as against a live
+    download's. The stress test hung there for good (the download waiting for the room only that
+    ``.part`` held); the scan knows which download locks this process holds."""
+    cache_dir = tmp_path / "cache"
+    limit = chute.open(str(http_server.root / "ds")).nbytes // 4
+    ds = chute.open(served, cache_dir=str(cache_dir), cache_limit=limit)
+    ds.cache._make_dir()
+    with cache_lock(str(cache_dir)):
+        ledger_module.ledger(str(cache_dir)).sync()  # this process trusts the journal from here on
+        other = Ledger(str(cache_dir))  # another process, killed while it downloaded shard 0
+        other.sync()
+        dead = f"{ds.cache._file(0)}.{limit}.deadbeef.part"
+        _shard(cache_dir / os.path.basename(ds.cache.dir), dead, limit)
+        other.add(ds.cache.dir, dead, limit)
+    got: list[str] = []
+    thread = threading.Thread(target=lambda: got.append(ds.cache.acquire(0)), daemon=True)
+    thread.start()
+    thread.join(STALL_S)
+    if thread.is_alive():
+        ds.close()  # cancels the wait for room
+        pytest.fail(f"the download of shard 0 still waits for room after {STALL_S} s: {os.listdir(ds.cache.dir)}")
+    with open(got[0], "rb") as f, open(os.path.join(str(http_server.root / "ds"), ds.shards[0].file), "rb") as want:
+        assert f.read() == want.read()
+    assert part_files(str(cache_dir)) == []
+    with cache_lock(str(cache_dir)):
+        books = ledger_module.ledger(str(cache_dir))
+        books.sync()
+        assert books.used == ds.shards[0].bytes
+    ds.cache.release(0)
+    ds.close()
 
 
 def test_an_eviction_ranks_a_bounded_sample_of_a_large_cache(http_server, served, tmp_path, monkeypatch):

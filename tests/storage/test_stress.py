@@ -38,7 +38,8 @@ native stacks with gdb where installed) instead of hanging CI. To replay a failu
 the seed it printed: ``CHUTE_STRESS_SEED=<seed> pytest tests/storage/test_stress.py``
 (the schedules follow the seed, but the processes' own timing does not: a replay
 reproduces the configuration, not necessarily the interleaving).
-``CHUTE_STRESS_ROUNDS`` sets how many rounds run (default 2: CI's).
+``CHUTE_STRESS_ROUNDS`` sets how many rounds run (default 2: CI's), ``CHUTE_STRESS_ROUND_S``
+the bound of a round in seconds (default 240; a replay loop may lower it to fail faster).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from tests.storage._helpers import (
     assert_same_epoch,
     cache_bytes,
     epoch_columns,
+    journal_files,
     native_stacks,
     overgrown_parts,
     part_files,
@@ -83,7 +85,7 @@ ROUNDS = int(os.environ.get("CHUTE_STRESS_ROUNDS", "2"))
 #: 8 processes starting at once on a busy 2-core machine took over 150 s here.
 START_S = 400.0
 #: Seconds a round may take once its members have started (~10-120 s on a loaded 2-core machine).
-ROUND_S = 240.0
+ROUND_S = float(os.environ.get("CHUTE_STRESS_ROUND_S", "240"))
 #: Seconds between the checker's samples of the cache's bytes.
 SAMPLE_S = 0.003
 
@@ -203,23 +205,13 @@ def _overlapping_downloads(requests: list) -> list[str]:
 def _journal_differs(cache_dir: str) -> str | None:
     """Where the journal (chute/storage/node/ledger.py) and the directory disagree, after every member is gone
     and before any scan (invariant 5: every change was journaled under the lock, a killed member's too)."""
-    from chute.storage.node.ledger import JOURNAL, PART_SUFFIX, part_of
+    from chute.storage.node.ledger import PART_SUFFIX, part_of
     from chute.storage.node.share import cache_lock
 
     with cache_lock(cache_dir):
-        try:
-            with open(os.path.join(cache_dir, JOURNAL), encoding="utf-8", errors="surrogateescape") as f:
-                lines = f.read().split("\n")[:-1]
-        except FileNotFoundError:
+        journal = journal_files(cache_dir)
+        if journal is None:
             return None  # invalidated (a write that failed): the next look scans
-        journal: dict[str, int] = {}
-        for line in lines:
-            op, _, rest = line.partition(" ")
-            if op == "+":
-                key, _, size = rest.rpartition(" ")
-                journal[key] = int(size)
-            else:
-                journal.pop(rest, None)
         there: dict[str, int] = {}
         for entry in os.scandir(cache_dir):
             if entry.is_dir() and os.path.isdir(os.path.join(entry.path, "locks")):
@@ -261,6 +253,7 @@ def _dump_and_fail(members: list[Member], why: str, round_seed: int, log: list[s
         m.proc.send_signal(signal.SIGCONT)
     native = {m.seed: native_stacks(m.proc.pid) for m in live}
     for m in live:
+        m.proc.send_signal(signal.SIGUSR2)  # what it holds (tests/storage/_stress_child.py's dump_state)
         m.proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's Python stack to its stderr
     time.sleep(2.0)  # let the dumps be written (a fixed pause on the failure path only)
     for m in members:

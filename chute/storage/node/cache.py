@@ -416,10 +416,14 @@ class ShardCache:
                 if self.cached(i):
                     self.counts["hits"] += 1
                     return fd
-                download = os.open(lock_path(self.dir, self._file(i), DOWNLOAD_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+                download_lock = lock_path(self.dir, self._file(i), DOWNLOAD_LOCK)
+                download = os.open(download_lock, os.O_RDWR | os.O_CREAT, 0o644)
+                locked = False
                 try:
                     with inflight.track("wait for another process's download of", self.remote.url + "/" + info.file):
                         fcntl.flock(download, fcntl.LOCK_EX)  # blocks while another process downloads it
+                    DOWNLOADS.locked(download_lock)  # a scan meanwhile removes a dead download's .part of it
+                    locked = True
                     if self.cached(i):
                         self.counts["hits"] += 1
                         return fd
@@ -429,6 +433,8 @@ class ShardCache:
                         self._download(i, info, part)
                         return fd
                 finally:
+                    if locked:
+                        DOWNLOADS.unlocked(download_lock)
                     os.close(download)  # drops the download lock; the read lock stays
                 self._wait_for_room(i)
         except BaseException:

@@ -81,18 +81,31 @@ def part_of(name: str) -> tuple[str | None, int]:
 
 
 class Downloads:
-    """The ``.part`` files this process is writing now: a scan counts them without probing their download
-    locks (one open and ``flock`` each, the larger part of a scan's cost with many downloads in flight)."""
+    """The ``.part`` files this process is writing now, and the download locks it holds.
+
+    A scan counts this process's own ``.part`` files without probing their download locks (one open
+    and ``flock`` each, the larger part of a scan's cost with many downloads in flight). And it must
+    not probe the download locks this process holds: ``flock`` on a fresh descriptor fails against
+    this process's own lock as against another's, so a dead process's ``.part`` of a shard this
+    process is about to download would look alive, and count against the limit for as long as the
+    download waits for the room it takes (a hang the stress test found). Holding a shard's download
+    lock, this process is the only one downloading that shard: every ``.part`` of it that is not in
+    :attr:`_parts` is a dead download's.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._parts: set[str] = set()
+        self._locks: set[str] = set()  # download lock paths held by this process
+
+    def _forked(self) -> None:
+        if self._pid != os.getpid():  # the parent's downloads and locks are not this process's
+            self._pid, self._parts, self._locks = os.getpid(), set(), set()
 
     def add(self, part: str) -> None:
         with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's downloads are not this process's
-                self._pid, self._parts = os.getpid(), set()
+            self._forked()
             self._parts.add(part)
 
     def discard(self, part: str) -> None:
@@ -101,6 +114,19 @@ class Downloads:
 
     def __contains__(self, part: str) -> bool:
         return self._pid == os.getpid() and part in self._parts
+
+    def locked(self, path: str) -> None:
+        """This process took the download lock ``path`` (a shard's, see :func:`lock_path`)."""
+        with self._lock:
+            self._forked()
+            self._locks.add(os.path.normpath(path))
+
+    def unlocked(self, path: str) -> None:
+        with self._lock:
+            self._locks.discard(os.path.normpath(path))
+
+    def holds_lock(self, path: str) -> bool:
+        return self._pid == os.getpid() and os.path.normpath(path) in self._locks
 
 
 DOWNLOADS = Downloads()
@@ -129,8 +155,12 @@ def scan(cache_dir: str) -> dict[str, int]:
                 shard, size = part_of(name)
                 if shard is None:
                     continue
-                if item.path not in DOWNLOADS and try_exclusive(entry.path, shard, lambda: unlink(item.path), DOWNLOAD_LOCK):
-                    continue  # a dead download's leftover
+                if item.path not in DOWNLOADS:
+                    if DOWNLOADS.holds_lock(lock_path(entry.path, shard, DOWNLOAD_LOCK)):
+                        unlink(item.path)  # this process downloads that shard: a dead download's leftover
+                        continue
+                    if try_exclusive(entry.path, shard, lambda: unlink(item.path), DOWNLOAD_LOCK):
+                        continue  # a dead download's leftover
             elif name.endswith(".arrow"):
                 try:
                     size = item.stat().st_size
