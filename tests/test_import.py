@@ -153,7 +153,7 @@ ON_THE_PATH = {
     "chute.observe.passes", "chute.observe.watchdog",
     "chute.order",
     "chute.pipeline", "chute.pipeline.build", "chute.pipeline.chain", "chute.pipeline.collate", "chute.pipeline.config",
-    "chute.pipeline.gather", "chute.pipeline.indices", "chute.pipeline.lifecycle", "chute.pipeline.loader",
+    "chute.pipeline.gather", "chute.pipeline.indices", "chute.pipeline.lifecycle", "chute.pipeline.loader", "chute.pipeline.native_gather",
     "chute.pipeline.randomness", "chute.pipeline.relay", "chute.pipeline.run", "chute.pipeline.spec",
     "chute.pipeline.stage", "chute.pipeline.task", "chute.pipeline.threads", "chute.pipeline.transform",
     "chute.storage", "chute.storage.open",

@@ -23,8 +23,8 @@ typedef struct {
 #define CH_PREFETCH_NEAR 2
 #define CH_PREFETCH_LINE 64
 
-static void copy_rows(char *dst, const char *const *base, const int32_t *slot, const int64_t *row, Py_ssize_t n,
-                      int64_t rb)
+void ch_copy_rows(char *dst, const char *const *base, const int32_t *slot, const int64_t *row, Py_ssize_t n,
+                  int64_t rb)
 {
     switch (rb) {
     case 1: COPY_LOOP(1); return;
@@ -188,7 +188,7 @@ PyObject *ch_gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs, P
         total += cols[c].out.len;
     PyThreadState *released = total >= CH_RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t c = 0; c < ncols; c++)
-        copy_rows(cols[c].out.buf, cols[c].base, b.slot, b.row, b.n, cols[c].row_bytes);
+        ch_copy_rows(cols[c].out.buf, cols[c].base, b.slot, b.row, b.n, cols[c].row_bytes);
     if (released != NULL)
         PyEval_RestoreThread(released);
     result = Py_NewRef(Py_None);

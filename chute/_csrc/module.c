@@ -107,7 +107,7 @@ static int module_exec(PyObject *module)
         Py_XDECREF(simd);
         return -1;
     }
-    return 0;
+    return ch_add_ring_type(module);
 }
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg)

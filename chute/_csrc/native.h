@@ -234,6 +234,18 @@ int ch_utf8_valid(const char *p, Py_ssize_t n);
  * returns NULL with UnicodeDecodeError set when they are not valid UTF-8. */
 PyObject *ch_make_str(const char *p, Py_ssize_t n);
 
+/* ------------------------------------------------------------------ shared by the kernels and the ring */
+
+/* Row i of dst = row row[i] (rows of rb bytes) of the shard whose first row base[slot[i]] is (gather.c). */
+void ch_copy_rows(char *dst, const char *const *base, const int32_t *slot, const int64_t *row, Py_ssize_t n, int64_t rb);
+
+/* The calling thread's scheduling class, 0 (SCHED_OTHER) or 3 (SCHED_BATCH), and time slice (sched.c); whether
+ * it was set. Needs no GIL. */
+int ch_set_thread_class(int policy, int64_t slice_ns);
+
+/* The GatherRing type (ring.c), added to the module at import. */
+int ch_add_ring_type(PyObject *module);
+
 /* ------------------------------------------------------------------ the module's functions */
 
 PyObject *ch_gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

@@ -24,6 +24,35 @@ typedef struct {
 #define CH_RESET_ON_FORK 0x01
 #endif
 
+int ch_set_thread_class(int policy, int64_t slice_ns)
+{
+#if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
+    SchedAttr attr;
+    memset(&attr, 0, sizeof attr);
+    /* the thread's nice value stays (the legacy sched_setscheduler keeps it too): raising it back to 0 from a
+     * process started under nice would need a privilege */
+    if (syscall(SYS_sched_getattr, 0, &attr, (unsigned)sizeof attr, 0u) != 0)
+        return 0;
+    attr.size = (uint32_t)sizeof attr;
+    attr.policy = (uint32_t)policy;
+    attr.flags &= CH_RESET_ON_FORK;
+    attr.priority = 0;
+    attr.runtime = (uint64_t)slice_ns; /* kernels before 6.12 ignore it for the fair classes */
+    attr.deadline = attr.period = 0;
+    if (syscall(SYS_sched_setattr, 0, &attr, 0u) != 0) {
+        /* a sandbox that forbids it (seccomp: EPERM/ENOSYS), or a thread that may not leave its class (SCHED_IDLE
+         * without the privilege): the thread's class stays as it was */
+        errno = 0;
+        return 0;
+    }
+    return 1;
+#else
+    (void)policy;
+    (void)slice_ns;
+    return 0;
+#endif
+}
+
 PyObject *ch_thread_class(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     (void)module;
@@ -39,27 +68,5 @@ PyObject *ch_thread_class(PyObject *module, PyObject *const *args, Py_ssize_t na
         PyErr_Format(PyExc_ValueError, "policy must be 0 (SCHED_OTHER) or 3 (SCHED_BATCH), not %lld", (long long)policy);
         return NULL;
     }
-#if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
-    SchedAttr attr;
-    memset(&attr, 0, sizeof attr);
-    /* the thread's nice value stays (the legacy sched_setscheduler keeps it too): raising it back to 0 from a
-     * process started under nice would need a privilege */
-    if (syscall(SYS_sched_getattr, 0, &attr, (unsigned)sizeof attr, 0u) != 0)
-        Py_RETURN_FALSE;
-    attr.size = (uint32_t)sizeof attr;
-    attr.policy = (uint32_t)policy;
-    attr.flags &= CH_RESET_ON_FORK;
-    attr.priority = 0;
-    attr.runtime = (uint64_t)slice_ns; /* kernels before 6.12 ignore it for the fair classes */
-    attr.deadline = attr.period = 0;
-    if (syscall(SYS_sched_setattr, 0, &attr, 0u) != 0) {
-        /* a sandbox that forbids it (seccomp: EPERM/ENOSYS), or a thread that may not leave its class (SCHED_IDLE
-         * without the privilege): the thread's class stays as it was */
-        errno = 0;
-        Py_RETURN_FALSE;
-    }
-    Py_RETURN_TRUE;
-#else
-    Py_RETURN_FALSE;
-#endif
+    return PyBool_FromLong(ch_set_thread_class((int)policy, slice_ns));
 }

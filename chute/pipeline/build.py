@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from chute._channel import Channel
+from chute.pipeline import native_gather
 from chute.pipeline.gather import shard_uses
 from chute.pipeline.relay import Relay
 from chute.pipeline.run import Feed, Measured, Output, Pass, stream
@@ -68,14 +69,18 @@ def start(loader: Any, run: Pass) -> None:
         run.task = Task(
             run.indices, stages, run.epoch, seed, loader._pool, dataset=run.dataset, on_error=chain.fns.on_error, counters=counters,
         )
-        work = loader._thread_executor().bind(run.task, run.channel, threads, depth)
-        # the loop may build the steps itself (the autotuner's choice) when it takes the workers' results itself
-        # (no stage on a thread of its own) and reads a local dataset (no download to wait for)
-        # and a stalled build can be reported (the watchdog only warns about the loop's own work: not with "raise")
-        work.can_inline = run.fetcher is None and not chain.threads and not chain.device and (
-            run.watch is None or run.watch.on_stall != "raise")
-        work.inline = work.can_inline and loader._inline()
-        run.executor = work
+        if native_gather.eligible(run, stages):  # the gather alone: native threads, no GIL (chute.pipeline.native_gather)
+            run.executor = run.channel = native_gather.NativePass(
+                loader._native_ring(threads), run.task, run.dataset, stages[0], loader._pool, depth, counters)
+        else:
+            work = loader._thread_executor().bind(run.task, run.channel, threads, depth)
+            # the loop may build the steps itself (the autotuner's choice) when it takes the workers' results itself
+            # (no stage on a thread of its own) and reads a local dataset (no download to wait for)
+            # and a stalled build can be reported (the watchdog only warns about the loop's own work: not with "raise")
+            work.can_inline = run.fetcher is None and not chain.threads and not chain.device and (
+                run.watch is None or run.watch.on_stall != "raise")
+            work.inline = work.can_inline and loader._inline()
+            run.executor = work
     if restarting:
         assert run.feed is not None
         run.feed.rebind()

@@ -140,6 +140,8 @@ class Loader(Stage):
         self._batches: Any = None  # the pass next() pulls from (the Loader as a stage)
         self._processes: Any = None
         self._threads: Any = None  # the worker threads (chute.pipeline.threads.ThreadExecutor), kept across passes
+        self._ring: Any = None  # the native gather threads (chute.pipeline.native_gather), kept across passes
+        self._ring_pid = 0
         self._start_method = "spawn"  # of worker processes ("fork" only in tests: unsafe with threads and torch)
         self.skipped: list[int] = []
         self.hooks = Hooks()  # observers of the passes' events (chute.observe.hooks)
@@ -456,6 +458,21 @@ class Loader(Stage):
             self._kept_finalizer = weakref.finalize(self, self._kept.stop, 1.0)
         return self._kept
 
+    def _native_ring(self, threads: int) -> Any:
+        """The native gather threads of gather-only passes (``chute.pipeline.native_gather``): made on first use,
+        kept across passes until ``close`` (a finalizer stops them when the Loader is garbage-collected)."""
+        ring = self._ring
+        if ring is None or self._ring_pid != os.getpid():  # (a forked child has none of its parent's threads)
+            from chute.pipeline.build import MAX_DEPTH
+            from chute.pipeline.native_gather import make_ring
+
+            ring = self._ring = make_ring(self.dataset, threads, MAX_DEPTH)
+            self._ring_pid = os.getpid()
+            self._ring_finalizer = weakref.finalize(self, ring.close)
+        else:
+            ring.resize(threads)
+        return ring
+
     def _process_pool(self) -> Any:
         """The worker processes (started on first use, kept across epochs until ``close``)."""
         if self._processes is None:
@@ -484,6 +501,10 @@ class Loader(Stage):
             self._threads = None
             if stuck:
                 log.warning("chute: %d loader thread(s) still busy after close: %s", len(stuck), [t.name for t in stuck])
+        if self._ring is not None:
+            self._ring_finalizer.detach()
+            self._ring.close()
+            self._ring = None
         if self._kept is not None:
             self._kept_finalizer.detach()
             stuck = self._kept.stop()

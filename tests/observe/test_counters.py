@@ -148,7 +148,11 @@ def test_counters_off_gives_the_same_batches_and_no_report(ds):
         off.report()
 
 
-def test_trace_is_a_chrome_trace_of_the_last_batches(ds, tmp_path):
+@pytest.mark.parametrize("native", [True, False])
+def test_trace_is_a_chrome_trace_of_the_last_batches(ds, tmp_path, monkeypatch, native):
+    from chute.pipeline import native_gather
+
+    monkeypatch.setattr(native_gather, "_ENABLED", native)  # gather-only: on native threads, or the worker threads
     loader = chute.Loader(ds, BATCH, workers=2, device="cpu")
     list(loader)
     path = loader.trace(tmp_path / "trace.json")
@@ -163,7 +167,11 @@ def test_trace_is_a_chrome_trace_of_the_last_batches(ds, tmp_path):
     read_steps = sorted(e["args"]["step"] for e in spans if e["name"] == "read")
     assert read_steps == list(range(N // BATCH))  # the ring holds this whole short pass
     threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert any(t.startswith("chute-loader") for t in threads) and any(t.startswith("chute-device") for t in threads)
+    assert any(t.startswith("chute-device") for t in threads)
+    if native:  # the reads on the native gather threads' track
+        assert "native gather threads" in threads and {e["tid"] for e in spans if e["name"] == "read"} == {2}
+    else:
+        assert any(t.startswith("chute-loader") for t in threads)
     last = loader.trace(tmp_path / "last.json", batches=5)
     steps = {e["args"]["step"] for e in json.loads(open(last).read())["traceEvents"] if e["ph"] == "X"}
     assert steps == set(range(N // BATCH - 5, N // BATCH))

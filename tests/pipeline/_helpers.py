@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -24,3 +25,17 @@ def gone_without_a_collection(use: Callable[[], weakref.ref], left: Callable[[],
 def loader_threads() -> list[threading.Thread]:
     """The Loaders' worker threads alive now."""
     return [t for t in threading.enumerate() if t.name.startswith("chute-loader")]
+
+
+def native_threads() -> list[int]:
+    """The thread ids of the Loaders' native gather threads alive now (``chute.pipeline.native_gather``: not
+    Python threads, so ``threading`` does not list them; named ``chute-gather`` for the system)."""
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == "chute-gather":
+                    found.append(int(tid))
+        except FileNotFoundError:  # it ended meanwhile
+            pass
+    return found

@@ -26,7 +26,9 @@ N, BATCH = 200, 8
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    samples = ({"x": np.full(4, i, np.int32), "id": i} for i in range(N))
+    # (a variable-size column: a gather-only pass of fixed-size columns runs on native threads, never inline,
+    # chute.pipeline.native_gather)
+    samples = ({"x": np.full(4, i, np.int32), "id": i, "tag": f"t{i}"} for i in range(N))
     return chute.write(samples, tmp_path_factory.mktemp("inline") / "ds", shard_size=1500)  # a few shards
 
 

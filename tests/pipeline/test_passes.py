@@ -27,7 +27,9 @@ N, BATCH = 240, 8
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    samples = ({"x": np.full(4, i, np.int32), "id": i} for i in range(N))
+    # (a variable-size column keeps the passes on the worker threads: gather-only ones of fixed-size columns run
+    # on native threads, tests/pipeline/test_native_gather.py)
+    samples = ({"x": np.full(4, i, np.int32), "id": i, "tag": f"t{i}"} for i in range(N))
     return chute.write(samples, tmp_path_factory.mktemp("passes") / "ds", shard_size=1500)  # a few shards
 
 

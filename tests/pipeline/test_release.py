@@ -25,7 +25,9 @@ PREFETCH = 4
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    samples = ({"x": np.full((3, 8, 8), i % 251, np.uint8), "label": i} for i in range(2048))
+    # (a variable-size column keeps the passes on the worker threads: gather-only ones of fixed-size columns run
+    # on native threads, tests/pipeline/test_native_gather.py)
+    samples = ({"x": np.full((3, 8, 8), i % 251, np.uint8), "label": i, "tag": str(i)} for i in range(2048))
     return chute.write(samples, tmp_path_factory.mktemp("release") / "ds", shard_size=1 << 16)
 
 

@@ -25,7 +25,8 @@ linux_only = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="needs Li
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     path = tmp_path_factory.mktemp("sched") / "ds"
-    chute.write(({"x": np.full(4, i, np.int32), "id": i} for i in range(96)), path, shard_size=400)
+    # (a variable-size column keeps the passes on the worker threads: native threads, tested below, run the rest)
+    chute.write(({"x": np.full(4, i, np.int32), "id": i, "tag": str(i)} for i in range(96)), path, shard_size=400)
     return path
 
 
