@@ -44,7 +44,7 @@ import _torch  # noqa: E402
 from _results import cpu_seconds, save  # noqa: E402
 
 CONFIGS = {
-    "w2": ["limit", "chute", "chute-t1", "chute-t2", *_torch.CONFIGS],
+    "w2": ["limit", "chute", "chute-t1", "chute-t2", "chute-py", *_torch.CONFIGS],
     "w3": ["limit-read", "limit-memcpy", "chute", "chute-t1", *_torch.CONFIGS],
     "w1": ["chute", "chute-columnar", *_torch.CONFIGS],
     "w4": ["limit-1", "limit-2proc", "limit-2proc-pil", "torch-2", "chute-2", "chute-auto", "chute-proc2"],
@@ -59,6 +59,7 @@ LABELS = {
     "chute-columnar": "chute Loader, columnar=True (Arrow arrays)",
     "chute-t1": "chute Loader, workers=1",
     "chute-t2": "chute Loader, workers=2",
+    "chute-py": "chute Loader, default, Python worker threads (CHUTE_NATIVE_GATHER=0)",
     **{c: _torch.label(c) for c in _torch.CONFIGS},
 }
 
@@ -157,6 +158,8 @@ def measure(workload: str, config: str, data_dir: str, epochs: int) -> dict:
             marks.append((time.perf_counter(), samples))
         report = loader.report(since="start").settings
         settings = f"threads {report['num_threads']}, prefetch {report['prefetch']}" + (" (autotuned)" if report["autotune"] else "")
+        if type(loader._pass.executor).__name__ == "NativePass":
+            settings += ", native gather threads"
         loader.close()
     else:
         batch_fetch, workers = _torch.parse(config)
@@ -332,6 +335,7 @@ def main() -> None:
                 out = subprocess.run(
                     [sys.executable, __file__, "--data-dir", args.data_dir, "--epochs", str(args.epochs), "--one", workload, config],
                     capture_output=True, text=True,
+                    env=dict(os.environ, CHUTE_NATIVE_GATHER="0") if config == "chute-py" else None,
                 )
                 if out.returncode != 0:
                     raise SystemExit(f"{workload} {config} failed:\n{out.stderr}")
