@@ -18,6 +18,8 @@ so its rate is the step's own. Each feeder is measured as that rate's fraction:
                  (chute's batch decoder: only the rows and columns of the crop)
   ...-normal     the row above with chute's threads in the default scheduling class
                  (CHUTE_THREAD_POLICY=normal; chute's default is SCHED_BATCH, docs/loader.md)
+  chute-py       W2: the chute row on Python worker threads instead of native gather threads
+                 (CHUTE_NATIVE_GATHER=0; docs/loader.md, "Workers")
   cpu-bound      W4, --paired only: the batches in memory, each handed over once 2 threads (chute's
                  scheduling class) have spent chute-images' CPU per batch (measured first, one
                  worker thread, quiet) in C without the GIL: the decode's CPU alone, what a loader
@@ -79,17 +81,24 @@ import _torch  # noqa: E402
 BATCH = {"w2": 256, "w4": 16}
 W4_ROWS = 3_000
 CONFIGS = {
-    "w2": ["memory", "chute", "chute-normal", *_torch.CONFIGS],
+    "w2": ["memory", "chute", "chute-py", "chute-normal", *_torch.CONFIGS],
     "w4": ["memory", "chute", "chute-images", "chute-images-normal", "torch-0", f"torch-{_torch.WORKERS}"],
 }
 #: Paired runs only: W4's bound, the step rate a loader with chute-images' decode CPU and no Python would give.
 PAIRED_EXTRA = {"w4": ["cpu-bound"]}
 NORMAL = "-normal"  # the same Loader with its threads in the default scheduling class (CHUTE_THREAD_POLICY=normal)
+PY = "-py"  # the same Loader on Python worker threads where it would gather on native ones (CHUTE_NATIVE_GATHER=0)
+
+
+def _base(config: str) -> str:
+    return config.removesuffix(NORMAL).removesuffix(PY)
 
 
 def label(workload: str, config: str) -> str:
     if config.endswith(NORMAL):
         return label(workload, config.removesuffix(NORMAL)) + "; threads in the default scheduling class (CHUTE_THREAD_POLICY=normal)"
+    if config.endswith(PY):
+        return label(workload, config.removesuffix(PY)) + "; Python worker threads, not native gather threads (CHUTE_NATIVE_GATHER=0)"
     if config == "memory":
         return "batches already in memory (the step's own rate)"
     if config == "chute":
@@ -287,7 +296,7 @@ def measure(workload: str, config: str, data_dir: str, gil_ms: float, wait_ms: f
     gil_s, wait_s = gil_ms / 1e3, wait_ms / 1e3
     short_steps = max(1, round(short_s / (gil_s + wait_s)))
     feeders = _w2_feeders if workload == "w2" else _w4_feeders
-    short_iter, long_iter, epoch_steps, close = feeders(data_dir, config.removesuffix(NORMAL), BATCH[workload], short_steps)
+    short_iter, long_iter, epoch_steps, close = feeders(data_dir, _base(config), BATCH[workload], short_steps)
     run_passes(short_iter, min(5, short_steps), 1, gil_s, wait_s)  # workers started, imports done: as in a running job
     short = run_passes(short_iter, short_steps, short_passes, gil_s, wait_s)
     long = run_passes(long_iter, epoch_steps, 1, gil_s, wait_s)
@@ -313,7 +322,7 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     feeders, settings = {}, {}
     for config in [*CONFIGS[workload], *PAIRED_EXTRA.get(workload, [])]:
         with _policy(config):
-            short_iter, _, _, close = make(args.data_dir, config.removesuffix(NORMAL), BATCH[workload], short_steps)
+            short_iter, _, _, close = make(args.data_dir, _base(config), BATCH[workload], short_steps)
             run_passes(short_iter, min(5, short_steps), 1, gil_s, wait_s)  # workers started, imports done
         feeders[config] = (short_iter, close)
     runs: dict[str, list[float]] = {c: [] for c in feeders}
@@ -359,15 +368,18 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _policy(config: str):
-    """Threads started meanwhile stay in the default scheduling class for a ``-normal`` configuration (paired runs)."""
+    """Threads started meanwhile stay in the default scheduling class for a ``-normal`` configuration, and passes
+    started meanwhile stay on Python worker threads for a ``-py`` one (paired runs)."""
     import chute._sched
+    from chute.pipeline import native_gather
 
-    before = chute._sched._ENABLED
+    before, native = chute._sched._ENABLED, native_gather._ENABLED
     chute._sched._ENABLED = before and not config.endswith(NORMAL)
+    native_gather._ENABLED = native and not config.endswith(PY)
     try:
         yield
     finally:
-        chute._sched._ENABLED = before
+        chute._sched._ENABLED, native_gather._ENABLED = before, native
 
 
 def _with_loader(make_iter, loader):
@@ -385,6 +397,8 @@ def _run(workload: str, config: str, args: argparse.Namespace) -> dict:
                "--gil-ms", str(args.gil_ms), "--wait-ms", str(args.wait_ms), "--short-s", str(args.short_s),
                "--short-passes", str(args.short_passes)]
     env = dict(os.environ, CHUTE_THREAD_POLICY="normal") if config.endswith(NORMAL) else None
+    if config.endswith(PY):
+        env = dict(os.environ, CHUTE_NATIVE_GATHER="0")
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:

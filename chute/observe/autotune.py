@@ -348,6 +348,7 @@ class Policy:
         self._probed = not probe  # that trial was made (or is not to be)
         self._shapes: dict[int, list[_Seen]] = {}  # thread count (0: inline) -> windows at it since the workload was last new
         self._inline_tried = False  # building in the loop did not help (until the workload changes)
+        self._waits: collections.deque[float] = collections.deque(maxlen=JUDGE)  # the loop's wait share, last windows
 
     def depth_limit(self) -> int:
         """The most batches the memory budget allows in flight (at least 1)."""
@@ -367,6 +368,15 @@ class Policy:
         workload re-opens them (see :func:`_shift`).
         """
         self._first_of_pass = True
+
+    @property
+    def data_bound(self) -> bool | None:
+        """Whether the loop waited for data (at least ``WAIT`` of its time, the median of the last ``JUDGE``
+        windows after a pass's start-up); None before any such window. The Loader runs a gather-only pass on
+        native threads unless this is False (``chute.pipeline.native_gather``)."""
+        if not self._waits:
+            return None
+        return sorted(self._waits)[len(self._waits) // 2] >= WAIT
 
     def step(self, window: Window) -> list[tuple[str, str]]:
         """Take one window into account; return the changes made, as ``(change, reason)``."""
@@ -397,6 +407,8 @@ class Policy:
                 if len(shape) > 3 * JUDGE:
                     del shape[JUDGE:-JUDGE]
         self._first_of_pass = False
+        if not start_up:
+            self._waits.append(window.wait_fraction)
         if (self.tune_threads or self.tune_depth) and self._trial is None and not start_up and (
             shift := _shift(self._shapes.get(self._shape_key, []))
         ):

@@ -69,7 +69,7 @@ def start(loader: Any, run: Pass) -> None:
         run.task = Task(
             run.indices, stages, run.epoch, seed, loader._pool, dataset=run.dataset, on_error=chain.fns.on_error, counters=counters,
         )
-        if native_gather.eligible(run, stages):  # the gather alone: native threads, no GIL (chute.pipeline.native_gather)
+        if loader._native() and native_gather.eligible(run, stages):  # the gather alone, data-bound: native threads
             run.executor = run.channel = native_gather.NativePass(
                 loader._native_ring(threads), run.task, run.dataset, stages[0], loader._pool, depth, counters)
         else:

@@ -896,3 +896,20 @@ def test_the_report_lists_the_rechecks_and_notes_beside_thread_moves(ds):
         ])
         text = str(loader.report(since="start"))
     assert "threads stay at 1: thread 2 did not help" in text and "prefetch stays at 16: prefetch 24 did not help" in text
+
+
+def test_data_bound_is_the_median_wait_of_the_last_windows_after_a_pass_start():
+    """What the Loader asks before a gather-only pass (native threads while the loop waits for data,
+    chute.pipeline.native_gather): unknown before a window, not the start-up window of a pass, then the
+    median of the last JUDGE windows against WAIT."""
+    policy = Policy(2, 4, max_threads=2, tune_threads=False, tune_depth=False)
+    assert policy.data_bound is None
+    policy.new_pass()
+    feed(policy, data_bound(wait=0.9), times=1)  # the pass's start-up: waits for batches nothing built ahead
+    assert policy.data_bound is None
+    feed(policy, data_bound(wait=0.01))
+    assert policy.data_bound is False
+    feed(policy, data_bound(wait=0.6), times=JUDGE // 2)  # not yet most of the last JUDGE
+    assert policy.data_bound is False
+    feed(policy, data_bound(wait=0.6), times=JUDGE - JUDGE // 2)
+    assert policy.data_bound is True

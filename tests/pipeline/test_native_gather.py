@@ -47,6 +47,14 @@ def ds(tmp_path_factory):
 pytestmark = pytest.mark.usefixtures("no_loader_threads_left")
 
 
+@pytest.fixture(autouse=True)
+def native_every_pass(request, monkeypatch):
+    """Every pass of these tests may run natively: which one does is the autotuner's reading of the loop's
+    wait (timing), held by its own test below with the reading set by hand."""
+    if request.function.__name__ != "test_native_threads_while_the_loop_waits_for_data_the_worker_threads_while_it_computes":
+        monkeypatch.setattr(chute.Loader, "_native", lambda self: True)
+
+
 def _epochs(ds, native: bool, monkeypatch, epochs: int = 2, **kwargs) -> list[list[dict]]:
     monkeypatch.setattr(native_gather, "_ENABLED", native)
     with chute.Loader(ds, BATCH, shuffle=True, seed=11, workers=chute.Workers(count=2), **kwargs) as loader:
@@ -209,3 +217,26 @@ def test_native_threads_are_batch_work(ds):
         classes = {tid: os.sched_getscheduler(tid) for tid in native_threads()}
     want = os.SCHED_BATCH if _sched._ENABLED else os.SCHED_OTHER
     assert len(classes) == 2 and set(classes.values()) == {want}, classes
+
+
+def _kind(loader) -> type:
+    """The executor of a new pass (started, then left)."""
+    it = iter(loader)
+    next(it)
+    kind = type(loader._pass.executor)
+    it.close()
+    return kind
+
+
+def test_native_threads_while_the_loop_waits_for_data_the_worker_threads_while_it_computes(ds):
+    """A native pass costs the loop more of its own time per batch (it queues each step itself) and builds more
+    batches per second; the worker threads' hand-over costs the loop less. Before any measured window the
+    pass runs natively; then the autotuner's reading of the loop's last windows decides, pass by pass."""
+    with chute.Loader(ds, BATCH) as loader:
+        policy = loader._meter.tuner.policy
+        assert policy.data_bound is None and _kind(loader) is NativePass
+        for waits, native in [(0.01, False), (0.5, True), (0.0, False)]:
+            policy._waits.clear()
+            policy._waits.extend([waits] * 5)  # as if the loop had waited that share of its last windows
+            assert (_kind(loader) is NativePass) == native
+            assert [b["id"].tolist() for b in loader] == [list(range(i, min(i + BATCH, N))) for i in range(0, N, BATCH)]

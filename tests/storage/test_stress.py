@@ -154,6 +154,24 @@ def _sample(cache_dir: str) -> tuple[int, int]:
     return used, leases
 
 
+def _listing(cache_dir: str) -> str:
+    """Every file under ``cache_dir`` but the locks, with its size, and what the journal counts (call holding
+    the cache lock): what a failure of invariant 1 shows."""
+    files = []
+    for dirpath, _, names in os.walk(cache_dir):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if "/locks/" in path:
+                continue
+            try:
+                files.append(f"{os.path.relpath(path, cache_dir)} {os.path.getsize(path):,}")
+            except FileNotFoundError:
+                pass
+    counted = journal_files(cache_dir)
+    journal = "none" if counted is None else f"{sum(counted.values()):,} bytes in {sorted(counted.items())}"
+    return f"files {sorted(files)}; journal {journal}"
+
+
 class Checker:
     """Samples the cache (holding the cache lock) until stopped: its bytes and its live leases against the
     limit (invariants 1 and 2), and every ``.part`` against its reservation."""
@@ -164,6 +182,7 @@ class Checker:
         self.over: list[int] = []
         self.leases_over: list[int] = []
         self.overgrown: list[str] = []
+        self.first_over = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="test-stress-checker", daemon=True)
         self._thread.start()
@@ -176,6 +195,8 @@ class Checker:
             self.overgrown += overgrown_parts(self.cache_dir)
             self.samples += 1
             if used > self.limit:
+                if not self.over:  # what the cache held then, with the journal's count (read under the same lock)
+                    self.first_over = _listing(self.cache_dir)
                 self.over.append(used)
             if leases > self.limit:
                 self.leases_over.append(leases)
@@ -369,7 +390,8 @@ def _round(round_seed: int, server, dataset: str, tmp_path) -> str:
     schedules = {m.seed: m.schedule for m in members}
     where = f"CHUTE_STRESS_SEED={round_seed} (n={n}, limit {limit:,}, minimum {minimum:,}, chaos {log}, schedules {schedules})"
     assert checker.samples > 0
-    assert not checker.over, f"{where}: the cache held {max(checker.over):,} bytes > limit {limit:,} (invariant 1)"
+    assert not checker.over, (f"{where}: the cache held {max(checker.over):,} bytes > limit {limit:,} (invariant 1); "
+                              f"when first over: {checker.first_over}")
     assert not checker.overgrown, f"{where}: downloads written past their size: {sorted(set(checker.overgrown))}"
     assert not checker.leases_over, f"{where}: live leases add up to {max(checker.leases_over):,} > limit {limit:,} (invariant 2)"
     reached: dict[str, int] = {}
