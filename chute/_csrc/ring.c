@@ -32,6 +32,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,7 +55,6 @@ typedef struct Ring Ring;
 typedef struct {
     Ring *ring;
     int index;
-    int started;        /* its pthread exists (joined by close) */
     int64_t idle_since; /* when it began waiting for a job in this pass; -1: not counted (parked, between passes) */
 } Worker;
 
@@ -163,12 +163,18 @@ static int start_threads(Ring *r, int want)
     r->want = want;
     pthread_cond_broadcast(&r->work_cv);
     pthread_mutex_unlock(&r->mu);
+    /* The threads block every signal (a thread inherits its creator's mask): a signal for the process goes
+     * to one of its Python threads, whose wait it interrupts (Ctrl-C in the loop's next()). */
+    sigset_t all, before;
+    sigfillset(&all);
     while (r->nthreads < want) {
         Worker *w = &r->workers[r->nthreads];
         w->ring = r;
         w->index = r->nthreads;
         w->idle_since = -1;
+        pthread_sigmask(SIG_SETMASK, &all, &before);
         int err = pthread_create(&r->threads[r->nthreads], NULL, work, w);
+        pthread_sigmask(SIG_SETMASK, &before, NULL);
         if (err != 0) {
             errno = err;
             PyErr_SetFromErrno(PyExc_OSError);
@@ -177,7 +183,6 @@ static int start_threads(Ring *r, int want)
             pthread_mutex_unlock(&r->mu);
             return -1;
         }
-        w->started = 1;
         r->nthreads++;
     }
     return 0;
@@ -384,19 +389,29 @@ static int take_shards(Ring *r, const Batch *b)
     return 0;
 }
 
+/* The prologue of submit and wait: `nargs` arguments, the first a step; the ring made by this process (and,
+ * with `open`, not closed). -1 with the error set otherwise. */
+static int step_args(Ring *r, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage, int open,
+                     int64_t *step)
+{
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, want);
+        return -1;
+    }
+    if (ch_int_arg(args[0], 0, INT64_MAX, "step", step) < 0)
+        return -1;
+    if (r->pid != getpid() || (open && r->stop)) {
+        PyErr_SetString(PyExc_RuntimeError, "this GatherRing was closed (or made by another process)");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *ring_submit(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "submit(step, indices, outs) takes 3 arguments");
-        return NULL;
-    }
     int64_t step;
-    if (ch_int_arg(args[0], 0, INT64_MAX, "step", &step) < 0)
+    if (step_args(r, args, nargs, 3, "submit(step, indices, outs)", 1, &step) < 0)
         return NULL;
-    if (r->pid != getpid() || r->stop) {
-        PyErr_SetString(PyExc_RuntimeError, "this GatherRing was closed (or made by another process)");
-        return NULL;
-    }
     Job *job = &r->jobs[step % r->nslots];
     pthread_mutex_lock(&r->mu);
     int state = job->state;
@@ -460,20 +475,12 @@ fail:
 
 static PyObject *ring_wait(Ring *r, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "wait(step, timeout) takes 2 arguments");
-        return NULL;
-    }
     int64_t step;
-    if (ch_int_arg(args[0], 0, INT64_MAX, "step", &step) < 0)
+    if (step_args(r, args, nargs, 2, "wait(step, timeout)", 0, &step) < 0)
         return NULL;
     double timeout = PyFloat_AsDouble(args[1]);
     if (timeout == -1.0 && PyErr_Occurred())
         return NULL;
-    if (r->pid != getpid()) {
-        PyErr_SetString(PyExc_RuntimeError, "this GatherRing was made by another process");
-        return NULL;
-    }
     Job *job = &r->jobs[step % r->nslots];
     int state, timed_out = 0;
     pthread_mutex_lock(&r->mu);

@@ -373,7 +373,7 @@ class Policy:
     def data_bound(self) -> bool | None:
         """Whether the loop waited for data (at least ``WAIT`` of its time, the median of the last ``JUDGE``
         windows after a pass's start-up); None before any such window. The Loader runs a gather-only pass on
-        native threads unless this is False (``chute.pipeline.native_gather``)."""
+        native threads when this is True (``chute.pipeline.native_gather``)."""
         if not self._waits:
             return None
         return sorted(self._waits)[len(self._waits) // 2] >= WAIT

@@ -414,11 +414,12 @@ class Loader(Stage):
         return tuner is not None and tuner.policy.inline
 
     def _native(self) -> bool:
-        """Whether a new gather-only pass may run on native threads: unless the autotuner saw the loop not
-        waiting for data in its last windows (then the worker threads, whose hand-over costs the loop less of
-        its step; docs/loader.md, "Workers")."""
+        """Whether a new gather-only pass may run on native threads: once the autotuner saw the loop wait for
+        data in its last windows (before that, and while the loop computes, the worker threads, whose hand-over
+        costs the loop less of its step); with no autotuner (settings fixed by hand, counters off), always
+        (docs/loader.md, "Workers")."""
         tuner = self._meter.tuner if self._meter is not None else None
-        return tuner is None or tuner.policy.data_bound is not False
+        return tuner is None or tuner.policy.data_bound is True
 
     def _watch(self) -> Any:
         """The hang watchdog of a new pass (None when off)."""

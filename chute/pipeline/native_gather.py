@@ -26,9 +26,10 @@ such passes on the worker threads (to compare).
 The loop pays for it: it looks up and queues every step itself (20-40 us a
 step here, against 10-20 us for the worker threads' hand-over), which only
 pays off while it waits for data. So the Loader runs such a pass natively
-when the autotuner's last reading says the loop waited for data, or before it
-has one (``Loader._native``, ``Policy.data_bound``), and on the worker threads
-otherwise; the choice is made pass by pass.
+once the autotuner's last reading says the loop waited for data (or when no
+autotuner runs: settings fixed by hand), and on the worker threads before
+that and while the loop computes (``Loader._native``, ``Policy.data_bound``);
+the choice is made pass by pass.
 """
 
 from __future__ import annotations

@@ -153,6 +153,7 @@ def test_trace_is_a_chrome_trace_of_the_last_batches(ds, tmp_path, monkeypatch, 
     from chute.pipeline import native_gather
 
     monkeypatch.setattr(native_gather, "_ENABLED", native)  # gather-only: on native threads, or the worker threads
+    monkeypatch.setattr(chute.Loader, "_native", lambda self: True)  # (not left to the autotuner's reading)
     loader = chute.Loader(ds, BATCH, workers=2, device="cpu")
     list(loader)
     path = loader.trace(tmp_path / "trace.json")

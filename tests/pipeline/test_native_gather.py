@@ -231,10 +231,13 @@ def _kind(loader) -> type:
 def test_native_threads_while_the_loop_waits_for_data_the_worker_threads_while_it_computes(ds):
     """A native pass costs the loop more of its own time per batch (it queues each step itself) and builds more
     batches per second; the worker threads' hand-over costs the loop less. Before any measured window the
-    pass runs natively; then the autotuner's reading of the loop's last windows decides, pass by pass."""
+    pass runs on the worker threads; then the autotuner's reading of the loop's last windows decides, pass by
+    pass. With no autotuner (the count and prefetch fixed) every pass is native."""
+    with chute.Loader(ds, BATCH, workers=chute.Workers(count=2, prefetch=4)) as fixed:
+        assert fixed._meter.tuner is None and _kind(fixed) is NativePass
     with chute.Loader(ds, BATCH) as loader:
         policy = loader._meter.tuner.policy
-        assert policy.data_bound is None and _kind(loader) is NativePass
+        assert policy.data_bound is None and _kind(loader) is not NativePass
         for waits, native in [(0.01, False), (0.5, True), (0.0, False)]:
             policy._waits.clear()
             policy._waits.extend([waits] * 5)  # as if the loop had waited that share of its last windows

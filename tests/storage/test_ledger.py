@@ -149,18 +149,26 @@ def test_the_journal_is_rescanned_after_rescan_s_and_rewritten_past_its_bound(tm
     assert books.scans == scans + 1
 
 
-def test_a_dead_download_counted_by_the_journal_is_removed_when_room_runs_out(http_server, served, tmp_path):
+def _full_of_a_dead_download(http_server, served, tmp_path, file) -> tuple:
+    """``(ds, cache_dir, dead)``: a cache of a quarter of the dataset that this process trusts the journal of,
+    full with the ``.part`` of ``file(ds)`` (a shard file name) that another process left when it was killed
+    while it downloaded."""
     cache_dir = tmp_path / "cache"
     limit = chute.open(str(http_server.root / "ds")).nbytes // 4
     ds = chute.open(served, cache_dir=str(cache_dir), cache_limit=limit)
     ds.cache._make_dir()
     with cache_lock(str(cache_dir)):
         ledger_module.ledger(str(cache_dir)).sync()  # this process trusts the journal from here on
-        other = Ledger(str(cache_dir))  # another process, killed while it downloaded: the cache is full
+        other = Ledger(str(cache_dir))  # the other process
         other.sync()
-        dead = f"shard-of-a-dataset-since-rewritten.arrow.{limit}.deadbeef.part"
+        dead = f"{file(ds)}.{limit}.deadbeef.part"
         _shard(cache_dir / os.path.basename(ds.cache.dir), dead, limit)
         other.add(ds.cache.dir, dead, limit)
+    return ds, cache_dir, dead
+
+
+def test_a_dead_download_counted_by_the_journal_is_removed_when_room_runs_out(http_server, served, tmp_path):
+    ds, cache_dir, dead = _full_of_a_dead_download(http_server, served, tmp_path, lambda ds: "shard-of-a-dataset-since-rewritten.arrow")
     got = epoch_columns(loader(ds))
     assert_same_epoch(got, local_epochs(str(http_server.root / "ds"), 1)[0])
     assert not os.path.exists(os.path.join(ds.cache.dir, dead))
@@ -173,17 +181,7 @@ def test_a_dead_download_of_the_shard_this_process_downloads_next_is_removed(htt
     trying their download lock: a try that fails against this process's own lock as against a live
     download's. The stress test hung there for good (the download waiting for the room only that
     ``.part`` held); the scan knows which download locks this process holds."""
-    cache_dir = tmp_path / "cache"
-    limit = chute.open(str(http_server.root / "ds")).nbytes // 4
-    ds = chute.open(served, cache_dir=str(cache_dir), cache_limit=limit)
-    ds.cache._make_dir()
-    with cache_lock(str(cache_dir)):
-        ledger_module.ledger(str(cache_dir)).sync()  # this process trusts the journal from here on
-        other = Ledger(str(cache_dir))  # another process, killed while it downloaded shard 0
-        other.sync()
-        dead = f"{ds.cache._file(0)}.{limit}.deadbeef.part"
-        _shard(cache_dir / os.path.basename(ds.cache.dir), dead, limit)
-        other.add(ds.cache.dir, dead, limit)
+    ds, cache_dir, _ = _full_of_a_dead_download(http_server, served, tmp_path, lambda ds: ds.cache._file(0))
     got: list[str] = []
     thread = threading.Thread(target=lambda: got.append(ds.cache.acquire(0)), daemon=True)
     thread.start()
