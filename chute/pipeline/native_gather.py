@@ -23,9 +23,10 @@ the loop when it takes the batch, and one trace span per batch on the track
 "native gather threads". ``CHUTE_NATIVE_GATHER=0`` in the environment keeps
 such passes on the worker threads (to compare).
 
-The loop pays for it: it looks up and queues every step itself (20-40 us a
-step here, against 10-20 us for the worker threads' hand-over), which only
-pays off while it waits for data. So the Loader runs such a pass natively
+The loop pays for it: it looks up and queues every step itself (beside two
+CPU-burning processes an emulated training step's ``next()`` took 110 us on
+average natively, 47 us on the worker threads: docs/benchmarks.md, "Training
+step"), which only pays off while it waits for data. So the Loader runs such a pass natively
 once the autotuner's last reading says the loop waited for data (or when no
 autotuner runs: settings fixed by hand), and on the worker threads before
 that and while the loop computes (``Loader._native``, ``Policy.data_bound``);
@@ -133,6 +134,8 @@ class NativePass:
 
     def submit(self, step: int) -> None:
         """Queue ``step`` (the loop's thread): its rows and its blocks to the ring; an error is raised by its take."""
+        if self.closed:  # ended meanwhile (Loader.close() from another thread): nothing more goes to the ring
+            return
         i = step % self.slots
         try:
             rows = self._rows(step)
