@@ -132,3 +132,25 @@ def tokens_packed(
     seq_len: int, pad_id: int, input_ids: Buffer, labels: Buffer, position_ids: Buffer, cu_seqlens: Buffer,
 ) -> int:
     """``pack="documents"`` rows, padded, with labels, position ids and cu_seqlens; the length of cu_seqlens."""
+
+class GatherRing:
+    """Gathers of fixed-size rows (as ``gather``) on native threads that never take the GIL (chute/_csrc/ring.c).
+
+    ``submit`` checks a step as ``gather`` checks a call (IndexError, Unmapped, CorruptShard, ValueError)
+    and queues it in place ``step % slots``; a thread copies its rows; ``wait`` returns the copy's
+    ``(start_ns, end_ns, idle_ns)`` (CLOCK_MONOTONIC), None if the step was dropped, TimeoutError after
+    ``timeout`` seconds (-1: for ever). ``drop`` ends a pass, ``close`` joins the threads."""
+
+    threads: int
+    slots: int
+
+    def __init__(
+        self, offsets: Buffer, sources: Sequence[Sequence[Buffer | None]], row_bytes: Sequence[int], slots: int,
+        threads: int, policy: int = -1, slice_ns: int = 0,
+    ) -> None: ...
+    def submit(self, step: int, indices: Buffer, outs: Sequence[Buffer]) -> None: ...
+    def wait(self, step: int, timeout: float) -> tuple[int, int, int] | None: ...
+    def drop(self) -> None: ...
+    def count_done(self, first: int, limit: int) -> int: ...
+    def resize(self, threads: int) -> None: ...
+    def close(self) -> None: ...

@@ -56,6 +56,7 @@ typedef struct {
     Ring *ring;
     int index;
     int64_t idle_since; /* when it began waiting for a job in this pass; -1: not counted (parked, between passes) */
+    int ready;          /* its class is set: start_threads waits for it, so a thread resize() made is ready */
 } Worker;
 
 struct Ring {
@@ -99,13 +100,12 @@ static void *work(void *arg)
 {
     Worker *me = arg;
     Ring *r = me->ring;
-#if defined(__linux__)
-    pthread_setname_np(pthread_self(), "chute-gather"); /* its name in /proc/<pid>/task/<tid>/comm, top, gdb */
-#endif
     if (r->policy >= 0)
         ch_set_thread_class(r->policy, r->slice_ns);
     Py_ssize_t ncols = r->ncols;
     pthread_mutex_lock(&r->mu);
+    me->ready = 1;
+    pthread_cond_broadcast(&r->done_cv);
     for (;;) {
         while (!r->stop && (r->qlen == 0 || me->index >= r->want)) {
             if (me->index >= r->want)
@@ -172,9 +172,14 @@ static int start_threads(Ring *r, int want)
         w->ring = r;
         w->index = r->nthreads;
         w->idle_since = -1;
+        w->ready = 0;
         pthread_sigmask(SIG_SETMASK, &all, &before);
         int err = pthread_create(&r->threads[r->nthreads], NULL, work, w);
         pthread_sigmask(SIG_SETMASK, &before, NULL);
+#if defined(__linux__)
+        if (err == 0) /* its name in /proc/<pid>/task/<tid>/comm, top, gdb: set before resize() returns */
+            pthread_setname_np(r->threads[r->nthreads], "chute-gather");
+#endif
         if (err != 0) {
             errno = err;
             PyErr_SetFromErrno(PyExc_OSError);
@@ -184,6 +189,12 @@ static int start_threads(Ring *r, int want)
             return -1;
         }
         r->nthreads++;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&r->mu);
+        while (!w->ready)
+            pthread_cond_wait(&r->done_cv, &r->mu);
+        pthread_mutex_unlock(&r->mu);
+        Py_END_ALLOW_THREADS
     }
     return 0;
 }

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from chute._channel import Channel, Closed
+from chute._channel import Closed
 from chute.errors import ChuteError, StallError
 from chute.pipeline.lifecycle import Action, Event, State, after
 from chute.pipeline.stage import Stage
@@ -85,7 +85,9 @@ class Pass:
         self.fetcher: Any = None  # a remote dataset's downloader (or progressive holds)
         self.indices: Any = None  # the table of rows (chute.pipeline.indices.BatchIndices)
         self.task: Any = None  # the fused worker stages (threads; the worker processes have their own)
-        self.channel: Channel | None = None  # the workers' results, in order
+        # the workers' results, in order: a Channel, or a NativePass (chute.pipeline.native_gather), which takes a
+        # Channel's part as well as the executor's
+        self.channel: Any = None
         self.executor: Any = None
         self.feed: Feed | None = None
         self.relays: list[Any] = []  # the stages on threads of their own, in order
