@@ -23,10 +23,10 @@ the loop when it takes the batch, and one trace span per batch on the track
 "native gather threads". ``CHUTE_NATIVE_GATHER=0`` in the environment keeps
 such passes on the worker threads (to compare).
 
-The loop pays for it: it looks up and queues every step itself (beside two
-CPU-burning processes an emulated training step's ``next()`` took 110 us on
-average natively, 47 us on the worker threads: docs/benchmarks.md, "Training
-step"), which only pays off while it waits for data. So the Loader runs such a pass natively
+The loop pays for it: it looks up and queues every step itself, more of its
+own time per step than the worker threads' hand-over takes (docs/benchmarks.md,
+"Training step", has what an emulated training step measured), which only pays
+off while it waits for data. So the Loader runs such a pass natively
 once the autotuner's last reading says the loop waited for data (or when no
 autotuner runs: settings fixed by hand), and on the worker threads before
 that and while the loop computes (``Loader._native``, ``Policy.data_bound``);
@@ -106,13 +106,12 @@ class NativePass:
         self._keys: tuple[int, tuple] = (-1, ())
         self._cells: Any = None
         if counters is not None:
-            stage = counters.stage
             counters.thread_names.setdefault(NATIVE_TID, NATIVE_TRACK)
-            stage("order", where="workers", gil=False)
-            stage(gather.name, where="workers", gil=False)
-            self._cells = (stage("order").cell(), stage(gather.name).cell(), stage("workers").cell(), counters.trace.append,
-                           (gather.name,))
-            self._stages = (stage("order"), stage(gather.name), stage("workers"))
+            order = counters.stage("order", where="workers", gil=False)
+            read = counters.stage(gather.name, where="workers", gil=False)
+            workers = counters.stage("workers")
+            self._stages = (order, read, workers)
+            self._cells = (order.cell(), read.cell(), workers.cell(), counters.trace.append, (gather.name,))
             for s in self._stages:
                 s.workers = ring.threads
 
