@@ -322,6 +322,25 @@ class Order:
         _check_world(world_size)
         return max(0, self.num_rows - consumed) // (self.batch_size * world_size)
 
+    def prepare(self, epoch: int, first: int, count: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> None:
+        """Compute :meth:`steps` with these arguments now, for a later call (or :meth:`prepared`) to take.
+
+        A Loader's pass calls it on a thread of its own for the pass after it
+        (``chute.pipeline.indices``): a window's permutation of a large dataset
+        takes milliseconds, which the next pass's start would otherwise wait for.
+        At most a few are kept, the oldest dropped first.
+        """
+        key = ("steps", epoch, first, count, rank, world_size, consumed)
+        with self._cache_lock:
+            if key in self._cache:
+                return
+        self._cached(key, lambda: self.steps(epoch, first, count, rank, world_size, consumed))
+
+    def prepared(self, epoch: int, first: int, count: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> np.ndarray | None:
+        """What :meth:`prepare` computed with these arguments (taken: it is not kept), or None."""
+        with self._cache_lock:
+            return self._cache.pop(("steps", epoch, first, count, rank, world_size, consumed), None)  # type: ignore[no-any-return]
+
     def steps(self, epoch: int, first: int, count: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> np.ndarray:
         """Rows of full steps ``[first, first + count)`` for ``rank``: a ``[count, batch_size]`` array.
 
@@ -336,6 +355,9 @@ class Order:
                 f"steps [{first}, {first + count}) are not all full steps of the "
                 f"{self.full_steps(world_size, consumed)} from position {consumed}"
             )
+        ready = self.prepared(epoch, first, count, rank, world_size, consumed)
+        if ready is not None:
+            return ready
         size = self.batch_size * world_size
         start = consumed + first * size
         rows = self.positions(epoch, start, start + count * size).reshape(count, world_size, self.batch_size)[:, rank, :]

@@ -12,8 +12,9 @@
  *                                rows), the job queued. Nothing is queued unless every check passed.
  *   a worker thread, no GIL      takes the oldest queued job and copies its rows into its `outs`
  *                                (ch_copy_rows, the gather's own loop).
- *   wait(step, timeout)          on the loop's thread: waits, the GIL released, until the job is done; the
- *                                exports released; returns (start_ns, end_ns, idle_ns): the copy's span on the
+ *   wait(step, timeout)          on the loop's thread: waits, the GIL released, until the job is done (woken
+ *                                once it and the steps right after it that other threads were copying as it
+ *                                went to sleep are all done: one wake-up, not one per step); the exports released; returns (start_ns, end_ns, idle_ns): the copy's span on the
  *                                CLOCK_MONOTONIC clock (time.perf_counter_ns's on Linux) and how long its worker
  *                                had waited for it. TimeoutError after `timeout` seconds (-1: for ever); None
  *                                when the step was dropped meanwhile.
@@ -78,6 +79,7 @@ struct Ring {
     Worker workers[RING_MAX_THREADS];
     pthread_t threads[RING_MAX_THREADS];
     int64_t awaited; /* the step wait() sleeps for (-1: none): only its job's end wakes it */
+    int64_t awaited_hi; /* ... and the steps after it that were being copied then, up to this one: their ends too */
     int dropping;    /* drop() sleeps until the running jobs end: each end wakes it */
     int nthreads; /* threads started */
     int want;     /* threads taking jobs (index < want) */
@@ -135,7 +137,18 @@ static void *work(void *arg)
         pthread_mutex_lock(&r->mu);
         job->state = JOB_DONE;
         me->idle_since = end;
-        if (job->step == r->awaited || r->dropping) /* a wake-up is a system call (and, on a VM, an interrupt) */
+        int wake = r->dropping;
+        if (r->awaited >= 0 && job->step >= r->awaited && job->step <= r->awaited_hi) {
+            wake = 1;
+            for (int64_t s = r->awaited; s <= r->awaited_hi; s++) {
+                const Job *o = &r->jobs[s % r->nslots];
+                if (o->step == s && (o->state == JOB_QUEUED || o->state == JOB_RUNNING)) {
+                    wake = 0;
+                    break;
+                }
+            }
+        }
+        if (wake) /* a wake-up is a system call (and, on a VM, an interrupt) */
             pthread_cond_broadcast(&r->done_cv);
     }
     pthread_mutex_unlock(&r->mu);
@@ -304,6 +317,7 @@ static PyObject *ring_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     r->policy = policy;
     r->slice_ns = slice_ns;
     r->awaited = -1;
+    r->awaited_hi = -1;
     r->pid = getpid();
     r->ncols = ncols;
     r->nshards = nshards;
@@ -514,6 +528,16 @@ static PyObject *ring_wait(Ring *r, PyObject *const *args, Py_ssize_t nargs)
         pthread_mutex_lock(&r->mu);
         while (job->step == step && (job->state == JOB_QUEUED || job->state == JOB_RUNNING) && !r->stop) {
             r->awaited = step;
+            /* The steps after it that other threads are copying end about when it does: the loop, faster than the
+             * copies (else it would not wait), would sleep again for each. One wake-up for them all. */
+            int64_t hi = step;
+            for (int64_t s = step + 1; s < step + r->want && s < step + r->nslots; s++) {
+                const Job *o = &r->jobs[s % r->nslots];
+                if (o->step != s || (o->state != JOB_RUNNING && o->state != JOB_DONE))
+                    break;
+                hi = s;
+            }
+            r->awaited_hi = hi;
             if (timeout < 0) {
                 pthread_cond_wait(&r->done_cv, &r->mu);
             } else if (pthread_cond_timedwait(&r->done_cv, &r->mu, &until) == ETIMEDOUT) {

@@ -15,12 +15,24 @@ batch's indices are then a row of the chunk: a list lookup, no Python call.
 The first step of a pass is computed alone (its chunk comes with the step
 after it): the first batch waits only for its own rows. The values are
 exactly ``order.batch(epoch, step, rank, world_size, start)``.
+
+A chunk takes milliseconds (a window's permutation of a large dataset: 5-8 ms
+for W2's 200,000 rows, docs/benchmarks.md), and whoever computes it holds up
+the pass: the loop's thread on native gather threads, a worker on the others.
+So the chunks after the first are computed on a thread the Loader keeps for
+this (``chute-order-r<rank>``, given as ``later``), and once the pass's last
+chunk starts being read, that thread computes the next epoch's first chunk too
+(:meth:`Order.prepare`), which the pass after this one, if it starts that epoch
+from its start, takes instead of computing it at its start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,13 +55,19 @@ class BatchIndices:
     thread may call :meth:`rows` and :meth:`ahead`; a chunk is computed once.
     """
 
-    def __init__(self, order: Order, epoch: int, rank: int, world_size: int, start: int) -> None:
+    def __init__(
+        self, order: Order, epoch: int, rank: int, world_size: int, start: int, later: Callable[[Callable[[], None]], bool] | None = None,
+    ) -> None:
         self.order, self.epoch, self.rank, self.world_size, self.start = order, epoch, rank, world_size, start
         self.steps = order.num_batches(world_size, start)
         self.full = order.full_steps(world_size, start)
         self.per_chunk = max(1, CHUNK_ROWS // (order.batch_size * world_size))
         self.chunks: list[np.ndarray | None] = [None] * (-(-self.full // self.per_chunk) + 1)  # + the last, partial step
         self._lock = threading.Lock()
+        self._later = later  # runs a job on the Loader's order thread (False: it is stopped); None: no such thread
+        prepared = getattr(order, "prepared", None)  # (an Order's: a mixture's order changes with its weights)
+        if prepared is not None and self.full:  # computed during the pass before, if that ran the epoch before
+            self.chunks[0] = prepared(epoch, 0, min(self.per_chunk, self.full), rank, world_size, start)
 
     def rows(self, step: int) -> np.ndarray:
         """The rows of ``step`` (computing its chunk if needed)."""
@@ -73,10 +91,29 @@ class BatchIndices:
         k, at = divmod(step, self.per_chunk)
         if at != min(1, self.per_chunk - 1) or step >= self.full:
             return
-        if k + 1 < len(self.chunks) - 1 and self.chunks[k + 1] is None:
-            self._compute(k + 1)
+        if k + 1 < len(self.chunks) - 1:
+            if self.chunks[k + 1] is None:
+                self._soon(functools.partial(self._compute, k + 1))
+        elif self._later is not None and hasattr(self.order, "prepare"):  # the last chunk: the next epoch's first
+            self._soon(self._next_epoch)
         if k >= 2:
             self.chunks[k - 2] = None  # every step of it was submitted long ago; rows() recomputes if ever needed
+
+    def _soon(self, job: Callable[[], Any]) -> None:
+        """Run ``job`` on the order thread, else now. A failure there is dropped: rows() computes the chunk
+        again when it needs it, and raises in the step that asked."""
+        def quiet() -> None:
+            with contextlib.suppress(Exception):
+                job()
+
+        if self._later is None or not self._later(quiet):
+            job()  # no order thread (a table made by hand), or the Loader was closed meanwhile
+
+    def _next_epoch(self) -> None:
+        order, world = self.order, self.world_size
+        full = order.full_steps(world, 0)
+        if full:
+            order.prepare(self.epoch + 1, 0, min(self.per_chunk, full), self.rank, world, 0)
 
     def _compute(self, k: int) -> np.ndarray:
         with self._lock:
@@ -191,4 +228,6 @@ class Indices(Stage):
 
     def table(self, run: Any) -> BatchIndices:
         """The rows of every step of ``run`` (its order, epoch and start; this rank)."""
-        return BatchIndices(run.order, run.epoch, run.rank, run.world_size, run.start)
+        kept = self.loader._kept_threads()  # holds no reference to the Loader
+        return BatchIndices(run.order, run.epoch, run.rank, run.world_size, run.start,
+                            functools.partial(kept.later, "order", f"chute-order-r{run.rank}"))

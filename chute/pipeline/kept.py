@@ -88,10 +88,12 @@ def _serve(jobs: queue.SimpleQueue[Callable[[], None] | None], returns: _Returns
 
 
 class KeptThreads:
-    """A Loader's kept threads, one per key (a relay's place in the pass and its thread's name)."""
+    """A Loader's kept threads, one per key (a relay's place in the pass and its thread's name; ``"order"``)."""
 
     def __init__(self) -> None:
         self._threads: dict[str, Kept] = {}
+        self._lock = threading.Lock()  # later() is called from any thread
+        self._stopped = False
 
     def get(self, key: str, name: str) -> Kept:
         """The thread for ``key``, started on first use, or again: in a forked child (the parent's is not
@@ -105,12 +107,26 @@ class KeptThreads:
             kept = self._threads[key] = Kept(name)
         return kept
 
+    def later(self, key: str, name: str, job: Callable[[], None]) -> bool:
+        """Queue ``job`` on the thread for ``key`` (started on first use, or again in a forked child), after the
+        jobs given to it before; nobody waits for it. False once the threads are stopped (``job`` is not run)."""
+        with self._lock:
+            if self._stopped:
+                return False
+            kept = self._threads.get(key)
+            if kept is None or not kept.thread.is_alive():
+                kept = self._threads[key] = Kept(name)
+            kept.run(job)
+        return True
+
     def stop(self, timeout: float = 5.0) -> list[threading.Thread]:
         """Stop every thread (each once its job has returned) and wait up to ``timeout`` s in all; those still running."""
-        stopping = [k.thread for k in self._threads.values()]
-        for kept in self._threads.values():
-            kept.stop()
-        self._threads.clear()
+        with self._lock:
+            self._stopped = True
+            stopping = [k.thread for k in self._threads.values()]
+            for kept in self._threads.values():
+                kept.stop()
+            self._threads.clear()
         deadline = time.monotonic() + timeout
         stuck = []
         for thread in stopping:
