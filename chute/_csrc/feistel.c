@@ -32,7 +32,7 @@ static inline uint64_t network(uint64_t v, int half, uint64_t mask, const uint64
 /* The network maps v to a value; the values below n, in the order of v, are the permutation. Returns how many
  * were written (n). LANES values go through the rounds side by side: each round of one value waits on its
  * multiplies, and independent values keep the multiplier busy meanwhile (the same values, faster than one
- * value at a time: docs/benchmarks.md, design figures). */
+ * value at a time: docs/benchmarks.md, "What bounds W2"). */
 static int64_t permute(int64_t n, int half, const uint64_t *keys, char *out)
 {
     const uint64_t mask = (UINT64_C(1) << half) - 1, domain = UINT64_C(1) << (2 * half);

@@ -69,10 +69,12 @@ def start(loader: Any, run: Pass) -> None:
         run.task = Task(
             run.indices, stages, run.epoch, seed, loader._pool, dataset=run.dataset, on_error=chain.fns.on_error, counters=counters,
         )
-        if loader._native() and native_gather.eligible(run, stages):  # the gather alone, data-bound: native threads
+        native = native_gather.eligible(run, stages)
+        if native and loader._native():  # the gather alone, data-bound: native threads
             run.executor = run.channel = native_gather.NativePass(
                 loader._native_ring(threads), run.task, run.dataset, stages[0], loader._pool, depth, counters)
         else:
+            run.native_later = native  # the loop's wait may still move it there (chute.pipeline.run.stream)
             work = loader._thread_executor().bind(run.task, run.channel, threads, depth)
             # the loop may build the steps itself (the autotuner's choice) when it takes the workers' results itself
             # (no stage on a thread of its own) and reads a local dataset (no download to wait for)

@@ -7,7 +7,9 @@ by a newer pass or ``Loader.close()`` (``CLOSED``). ``set_epoch`` and
 ``load_state_dict`` during a pass take the position away from it (``MOVED``
 while it runs, ``RETIRED`` once it ended); a mixture's ``set_weights`` during a
 pass has its stream rebuild the stages from what the loop received
-(``RESTARTING``). Pure: no threads, no I/O; the Loader and the pass's stream
+(``RESTARTING``), as does the Loader when a gather-only pass that started on
+the worker threads turns out to be data-bound (``NATIVE``: the rest of it runs
+on the native gather threads). Pure: no threads, no I/O; the Loader and the pass's stream
 apply the transitions (``Pass.on``) and the action that comes with them.
 
 The whole table is :data:`TABLE`; an event missing from a state's row cannot
@@ -41,7 +43,8 @@ class Event(enum.Enum):
     CLOSE = "close"  # ended from outside (a newer pass, Loader.close())
     SET_POSITION = "set_position"  # set_epoch / load_state_dict
     SET_WEIGHTS = "set_weights"  # a mixture's new weights
-    RESTARTED = "restarted"  # the stream rebuilt its stages after SET_WEIGHTS
+    NATIVE = "native"  # a gather-only pass on the worker threads, and the loop waits for data: to the native threads
+    RESTARTED = "restarted"  # the stream rebuilt its stages after SET_WEIGHTS or NATIVE
 
 
 class Action(enum.Enum):
@@ -69,6 +72,7 @@ TABLE: dict[tuple[State, Event], tuple[State, Action]] = {
     (S.RUNNING, E.CLOSE): (S.CLOSED, _STAY),
     (S.RUNNING, E.SET_POSITION): (S.MOVED, _STAY),
     (S.RUNNING, E.SET_WEIGHTS): (S.RESTARTING, A.RESTART),
+    (S.RUNNING, E.NATIVE): (S.RESTARTING, A.RESTART),  # (the stream sends it only to a running pass)
     (S.RESTARTING, E.START): (S.RESTARTING, _STAY),  # the stream starts the new stages ...
     (S.RESTARTING, E.RESTARTED): (S.RUNNING, _STAY),  # ... and goes on
     (S.RESTARTING, E.END): (S.LEFT, _STAY),

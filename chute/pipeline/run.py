@@ -42,6 +42,9 @@ _RESTARTING = State.RESTARTING  # (a module global: looked up per batch)
 READY_EVERY = 8
 #: Every how many batches the adaptive stall timeout is recomputed.
 TIMEOUT_EVERY = 64
+#: A pass moves to the native gather threads mid-way only with at least this many times its prefetch depth of
+#: steps left (the batches built ahead are dropped, and built again there).
+NATIVE_LEFT = 8
 #: The longest the training loop waits for a batch in one blocking call when it runs in the main thread.
 #: CPython raises a Ctrl-C (SIGINT) in the main thread when that thread next runs Python code; if the kernel
 #: delivered the signal to another thread (a worker, a download), a main thread blocked in a lock would
@@ -95,6 +98,7 @@ class Pass:
         self.leaf: Any = None  # what the loop pulls: the output, or the last of the loop's stages
         self.watch: Any = None  # the hang watchdog (chute.observe.watchdog.StallWatch), or None
         self.build_watch: Any = None  # its thread while the loop builds the batches itself (BuildWatch; inline)
+        self.native_later = False  # gather-only, on the worker threads for now: native threads once data-bound
 
     def on(self, event: Event) -> Action:
         """Apply ``event`` to the pass's state (``chute.pipeline.lifecycle``), tell the loader's hooks; the action to take."""
@@ -122,7 +126,8 @@ class Pass:
             return f"sample {index}"
 
     def restart(self) -> None:
-        """Drop what was built ahead and go on, with new stages, from what the loop received (a mixture's new weights)."""
+        """Drop what was built ahead and go on, with new stages, from what the loop received (a mixture's new weights;
+        a gather-only pass moving to the native gather threads)."""
         position = self.order.consumed_after(self.received, self.world_size, self.start)
         self.close()
         self.start, self.received, self.submitted = position, 0, 0
@@ -401,7 +406,7 @@ def stream(run: Pass, watch: Any = None, meter: Any = None) -> Iterator[Any]:
         history = watch.history if watch is not None else None
         next_tick = tuner.next_ns if tuner is not None else 1 << 62
     per_batch = loader.hooks.per_batch  # subscribers to every batch: none by default, and then no call
-    closed = State.CLOSED
+    closed, running = State.CLOSED, State.RUNNING
     last = -1  # the last step counted (the loop's stages may hand on several batches per step)
     k = 0
     called = clock()
@@ -443,6 +448,8 @@ def stream(run: Pass, watch: Any = None, meter: Any = None) -> Iterator[Any]:
             if done >= next_tick:
                 tuner.tick(done, run.steps - run.received, run.executor, meter)
                 next_tick = tuner.next_ns
+                if run.native_later and tuner.policy.data_bound and run.state is running:
+                    _go_native(run)
             if watch is not None and not k % TIMEOUT_EVERY:
                 out.timeout = watch.timeout(first=False)
             called = done
@@ -454,6 +461,15 @@ def stream(run: Pass, watch: Any = None, meter: Any = None) -> Iterator[Any]:
         loader._ended(run, end)  # (its END or FAIL event closes the report's window)
         run.close()
         run.loader = weakref.proxy(loader)  # the ended pass, still the loader's last, keeps it alive no more
+
+
+def _go_native(run: Pass) -> None:
+    """A gather-only pass that began on the worker threads, and the loop now waits for data: the rest of it on
+    the native gather threads (docs/loader.md, "Workers"), when enough of it is left to pay for what the switch
+    drops (the batches built ahead, built again there)."""
+    run.native_later = False
+    if run.steps - run.received >= NATIVE_LEFT * max(1, run.executor.depth):
+        run.on(Event.NATIVE)  # the stream rebuilds the stages before its next batch (Output.next)
 
 
 def _raised(run: Pass, exc: BaseException) -> Event:

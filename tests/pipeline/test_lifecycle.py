@@ -25,24 +25,25 @@ S, E, A = State, Event, Action
 X = None  # cannot happen: a LifecycleError
 
 # One row per state; columns in this order:
-EVENTS = (E.START, E.LAST, E.END, E.FAIL, E.CLOSE, E.SET_POSITION, E.SET_WEIGHTS, E.RESTARTED)
+EVENTS = (E.START, E.LAST, E.END, E.FAIL, E.CLOSE, E.SET_POSITION, E.SET_WEIGHTS, E.NATIVE, E.RESTARTED)
 EXPECTED = {
-    #               START         LAST           END         FAIL        CLOSE       SET_POSITION  SET_WEIGHTS    RESTARTED
-    S.NEW:        (S.RUNNING,    X,             X,          X,          S.CLOSED,   S.NEW,        S.NEW,         X),
-    S.RUNNING:    (X,            S.FINISHED,    S.LEFT,     S.FAILED,   S.CLOSED,   S.MOVED,      S.RESTARTING,  X),
-    S.RESTARTING: (S.RESTARTING, X,             S.LEFT,     S.FAILED,   S.CLOSED,   S.MOVED,      S.RESTARTING,  S.RUNNING),
-    S.MOVED:      (X,            S.FINISHED,    S.RETIRED,  S.RETIRED,  S.RETIRED,  S.MOVED,      S.MOVED,       X),
-    S.FINISHED:   (X,            S.FINISHED,    S.FINISHED, S.FINISHED, S.FINISHED, S.FINISHED,   S.FINISHED,    X),
-    S.LEFT:       (X,            X,             X,          X,          S.LEFT,     S.RETIRED,    S.LEFT,        X),
-    S.FAILED:     (X,            X,             X,          X,          S.FAILED,   S.RETIRED,    S.FAILED,      X),
-    S.CLOSED:     (X,            S.CLOSED,      S.CLOSED,   S.CLOSED,   S.CLOSED,   S.RETIRED,    S.CLOSED,      X),
-    S.RETIRED:    (X,            S.RETIRED,     S.RETIRED,  S.RETIRED,  S.RETIRED,  S.RETIRED,    S.RETIRED,     X),
+    #               START         LAST           END         FAIL        CLOSE       SET_POSITION  SET_WEIGHTS    NATIVE         RESTARTED
+    S.NEW:        (S.RUNNING,    X,             X,          X,          S.CLOSED,   S.NEW,        S.NEW,         X,             X),
+    S.RUNNING:    (X,            S.FINISHED,    S.LEFT,     S.FAILED,   S.CLOSED,   S.MOVED,      S.RESTARTING,  S.RESTARTING,  X),
+    S.RESTARTING: (S.RESTARTING, X,             S.LEFT,     S.FAILED,   S.CLOSED,   S.MOVED,      S.RESTARTING,  X,             S.RUNNING),
+    S.MOVED:      (X,            S.FINISHED,    S.RETIRED,  S.RETIRED,  S.RETIRED,  S.MOVED,      S.MOVED,       X,             X),
+    S.FINISHED:   (X,            S.FINISHED,    S.FINISHED, S.FINISHED, S.FINISHED, S.FINISHED,   S.FINISHED,    X,             X),
+    S.LEFT:       (X,            X,             X,          X,          S.LEFT,     S.RETIRED,    S.LEFT,        X,             X),
+    S.FAILED:     (X,            X,             X,          X,          S.FAILED,   S.RETIRED,    S.FAILED,      X,             X),
+    S.CLOSED:     (X,            S.CLOSED,      S.CLOSED,   S.CLOSED,   S.CLOSED,   S.RETIRED,    S.CLOSED,      X,             X),
+    S.RETIRED:    (X,            S.RETIRED,     S.RETIRED,  S.RETIRED,  S.RETIRED,  S.RETIRED,    S.RETIRED,     X,             X),
 }
 #: The only transitions that ask the Loader to act.
 ACTIONS = {
     (S.RUNNING, E.LAST): A.ADVANCE,  # the epoch is over: the next pass runs the next one
     (S.RUNNING, E.SET_WEIGHTS): A.RESTART,
     (S.RESTARTING, E.SET_WEIGHTS): A.RESTART,
+    (S.RUNNING, E.NATIVE): A.RESTART,  # a data-bound gather-only pass goes on on the native gather threads
 }
 #               len(loader) is the pass's   state_dict() is what the pass delivered
 READS = {

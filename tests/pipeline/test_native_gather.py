@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import time
 import weakref
 
 import numpy as np
@@ -47,11 +48,18 @@ def ds(tmp_path_factory):
 pytestmark = pytest.mark.usefixtures("no_loader_threads_left")
 
 
+#: The tests that set the autotuner's reading of the loop's wait by hand (the others pin every pass native).
+READING_BY_HAND = {
+    "test_native_threads_while_the_loop_waits_for_data_the_worker_threads_while_it_computes",
+    "test_a_long_pass_moves_to_the_native_threads_once_the_loop_waits_for_data",
+}
+
+
 @pytest.fixture(autouse=True)
 def native_every_pass(request, monkeypatch):
     """Every pass of these tests may run natively: which one does is the autotuner's reading of the loop's
     wait (timing), held by its own test below with the reading set by hand."""
-    if request.function.__name__ != "test_native_threads_while_the_loop_waits_for_data_the_worker_threads_while_it_computes":
+    if request.function.__name__ not in READING_BY_HAND:
         monkeypatch.setattr(chute.Loader, "_native", lambda self: True)
 
 
@@ -243,3 +251,31 @@ def test_native_threads_while_the_loop_waits_for_data_the_worker_threads_while_i
             policy._waits.extend([waits] * 5)  # as if the loop had waited that share of its last windows
             assert (_kind(loader) is NativePass) == native
             assert [b["id"].tolist() for b in loader] == [list(range(i, min(i + BATCH, N))) for i in range(0, N, BATCH)]
+
+
+def test_a_long_pass_moves_to_the_native_threads_once_the_loop_waits_for_data(ds):
+    """A pass that began on the worker threads (no reading yet) goes on on the native threads from the batch
+    after the autotuner's reading says the loop waits for data: every sample once, in the epoch's order, and
+    a state saved after the move resumes with the next batch."""
+    events: list[str] = []
+    with chute.Loader(ds, 1, shuffle=True, seed=4) as loader:  # 250 steps of one sample
+        loader.hooks.pass_event = lambda run, event, before, after: events.append(event)
+        tuner = loader._meter.tuner
+        want = [int(r) for r in loader.order.global_order(0)]
+        it = iter(loader)
+        got = [next(it)["id"].item() for _ in range(5)]
+        assert not isinstance(loader._pass.executor, NativePass)
+        tuner.policy._waits.clear()
+        tuner.policy._waits.extend([0.5] * 5)  # as if the loop had waited half of its last windows
+        time.sleep(tuner.window_ns / 1e9 + 0.01)  # the next batch closes a window: the reading is looked at
+        got.append(next(it)["id"].item())
+        got.append(next(it)["id"].item())  # the pass's stages were rebuilt before this one
+        assert isinstance(loader._pass.executor, NativePass)
+        assert events.count("native") == 1 and events.count("restarted") == 1
+        state = loader.state_dict()
+        got += [b["id"].item() for b in it]
+        assert got == want
+        assert events.count("native") == 1  # once per pass
+    with chute.Loader(ds, 1, shuffle=True, seed=4) as resumed:
+        resumed.load_state_dict(state)
+        assert [b["id"].item() for b in resumed] == want[7:]
