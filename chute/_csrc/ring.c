@@ -14,7 +14,8 @@
  *                                (ch_copy_rows, the gather's own loop).
  *   wait(step, timeout)          on the loop's thread: waits, the GIL released, until the job is done (woken
  *                                once it and the steps right after it that other threads were copying as it
- *                                went to sleep are all done: one wake-up, not one per step); the exports released; returns (start_ns, end_ns, idle_ns): the copy's span on the
+ *                                went to sleep are all done: one wake-up, not one per step); the exports
+ *                                released; returns (start_ns, end_ns, idle_ns): the copy's span on the
  *                                CLOCK_MONOTONIC clock (time.perf_counter_ns's on Linux) and how long its worker
  *                                had waited for it. TimeoutError after `timeout` seconds (-1: for ever); None
  *                                when the step was dropped meanwhile.

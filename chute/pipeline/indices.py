@@ -16,9 +16,10 @@ The first step of a pass is computed alone (its chunk comes with the step
 after it): the first batch waits only for its own rows. The values are
 exactly ``order.batch(epoch, step, rank, world_size, start)``.
 
-A chunk takes milliseconds (a window's permutation of a large dataset: 5-8 ms
-for W2's 200,000 rows, docs/benchmarks.md), and whoever computes it holds up
-the pass: the loop's thread on native gather threads, a worker on the others.
+A chunk takes milliseconds on a large dataset (a window's permutation and the
+grouping by shard: docs/benchmarks.md, "What bounds W2"), and whoever computes
+it holds up the pass: the loop's thread on native gather threads, a worker on
+the others.
 So the chunks after the first are computed on a thread the Loader keeps for
 this (``chute-order-r<rank>``, given as ``later``), and once the pass's last
 chunk starts being read, that thread computes the next epoch's first chunk too
@@ -93,21 +94,24 @@ class BatchIndices:
             return
         if k + 1 < len(self.chunks) - 1:
             if self.chunks[k + 1] is None:
-                self._soon(functools.partial(self._compute, k + 1))
-        elif self._later is not None and hasattr(self.order, "prepare"):  # the last chunk: the next epoch's first
-            self._soon(self._next_epoch)
+                self._soon(functools.partial(self._compute, k + 1), here=True)
+        elif hasattr(self.order, "prepare"):  # the last chunk: the next epoch's first, for the pass after this one
+            self._soon(self._next_epoch, here=False)
         if k >= 2:
             self.chunks[k - 2] = None  # every step of it was submitted long ago; rows() recomputes if ever needed
 
-    def _soon(self, job: Callable[[], Any]) -> None:
-        """Run ``job`` on the order thread, else now. A failure there is dropped: rows() computes the chunk
-        again when it needs it, and raises in the step that asked."""
+    def _soon(self, job: Callable[[], Any], here: bool) -> None:
+        """Run ``job`` on the order thread; with no such thread (a table made by hand, or the Loader closed
+        meanwhile), in this one if ``here``. A failure on the thread is dropped: rows() computes the chunk again
+        when it needs it, and raises in the step that asked."""
         def quiet() -> None:
             with contextlib.suppress(Exception):
                 job()
 
-        if self._later is None or not self._later(quiet):
-            job()  # no order thread (a table made by hand), or the Loader was closed meanwhile
+        if self._later is not None and self._later(quiet):
+            return
+        if here:
+            job()
 
     def _next_epoch(self) -> None:
         order, world = self.order, self.world_size

@@ -9,8 +9,9 @@ while it runs, ``RETIRED`` once it ended); a mixture's ``set_weights`` during a
 pass has its stream rebuild the stages from what the loop received
 (``RESTARTING``), as does the Loader when a gather-only pass that started on
 the worker threads turns out to be data-bound (``NATIVE``: the rest of it runs
-on the native gather threads). Pure: no threads, no I/O; the Loader and the pass's stream
-apply the transitions (``Pass.on``) and the action that comes with them.
+on the native gather threads). Pure: no threads, no I/O; the Loader and the
+pass's stream apply the transitions (``Pass.on``) and the action that comes
+with them.
 
 The whole table is :data:`TABLE`; an event missing from a state's row cannot
 happen there, and :func:`after` raises :class:`LifecycleError` (a bug in chute).
