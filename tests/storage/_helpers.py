@@ -192,7 +192,7 @@ def journal_files(cache_dir: str) -> dict[str, int] | None:
     except FileNotFoundError:
         return None
     counted: dict[str, int] = {}
-    for line in lines:
+    for line in lines[1:]:  # (the first names the file: "# <hex>")
         op, _, rest = line.partition(" ")
         if op == "+":
             key, _, size = rest.rpartition(" ")

@@ -198,7 +198,7 @@ def _journal(cache_dir: str) -> dict[str, int]:
     """What the cache's journal counts now: file key -> bytes."""
     counted: dict[str, int] = {}
     with open(os.path.join(cache_dir, ".chute-cache.journal"), encoding="utf-8") as f:
-        for line in f:
+        for line in list(f)[1:]:  # (the first names the file: "# <hex>")
             op, key, *size = line.split()
             if op == "+":
                 counted[key] = int(size[0])

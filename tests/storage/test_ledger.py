@@ -138,7 +138,7 @@ def test_the_journal_is_rescanned_after_rescan_s_and_rewritten_past_its_bound(tm
         books.add(str(directory), f"s{k}.arrow", 1)
         books.remove(str(directory), f"s{k}.arrow")
         lines = (tmp_path / JOURNAL).read_text().count("\n")
-        assert lines <= 10 + 2  # rewritten once past COMPACT_LINES (+ twice the state, here empty)
+        assert lines <= 1 + 10 + 2  # its first line; rewritten once past COMPACT_LINES (+ twice the state, here empty)
     assert books.files == {} and books.scans > 1
     scans = books.scans
     clock.now += ledger_module.RESCAN_S - 0.1
@@ -224,3 +224,52 @@ def test_an_eviction_ranks_a_bounded_sample_of_a_large_cache(http_server, served
     rest = list(victims)
     assert sorted([first, *rest]) == sorted(candidates)  # every shard once, if room takes them all
     assert rest[3:] == sorted(set(candidates) - set(sample), key=lambda c: c[2], reverse=True)  # then in exact order
+
+
+def test_a_journal_rewritten_under_the_inode_number_this_copy_read_is_read_whole(tmp_path):
+    """A file system gives a freed inode number to the next file it makes (ext4 alternates two between
+    successive rewrites of the journal), so after two rewrites by other processes the journal can be a new
+    file under the number this copy read. Read on from its old offset, this copy would miss what the new
+    file's start counts, and reserve that much over the limit: it reads the file whole, as its first line
+    (new at every rewrite) is not the one it read."""
+    directory = _dataset_dir(tmp_path)
+    key = directory.name
+    _shard(directory, "a.arrow", 100)
+    _shard(directory, "b.arrow", 100)
+    books = Ledger(str(tmp_path))
+    books.sync()
+    journal = tmp_path / JOURNAL
+    first = journal.read_bytes()
+    head = first[: first.index(b"\n") + 1]
+    assert head.startswith(b"# ") and len(head) == ledger_module.HEAD_BYTES
+    assert sorted(first[len(head):].splitlines()) == [f"+ {key}/a.arrow 100".encode(), f"+ {key}/b.arrow 100".encode()]
+    # Another process's rewrite, in the same file (same inode), of a state with one more shard. Its lines
+    # are laid out so that this copy's offset falls on a line boundary of it: read from there, the copy
+    # would take the last line alone and count 200 bytes, not 4,928.
+    _shard(directory, "c.arrow", 4_818)
+    os.truncate(directory / "a.arrow", 10)
+    lines = [f"+ {key}/c.arrow 4818\n", f"+ {key}/a.arrow 10\n", f"+ {key}/b.arrow 100\n"]
+    assert len(head) + len(lines[0]) + len(lines[1]) == len(first)  # (the offset this copy read up to)
+    other = b"# " + b"f" * (ledger_module.HEAD_BYTES - 3) + b"\n"
+    ino = journal.stat().st_ino
+    with open(journal, "r+b") as f:
+        f.truncate(0)
+        f.write(other + "".join(lines).encode())
+    assert journal.stat().st_ino == ino
+    books.sync()
+    assert books.files == {f"{key}/a.arrow": 10, f"{key}/b.arrow": 100, f"{key}/c.arrow": 4_818}
+    assert books.used == 4_928 and books.scans == 1  # read from the journal, whole: no scan
+
+
+def test_a_journal_without_its_first_line_is_written_anew(tmp_path):
+    """(As an older chute wrote it, with no first line to name it.)"""
+    directory = _dataset_dir(tmp_path)
+    _shard(directory, "a.arrow", 100)
+    (tmp_path / JOURNAL).write_text(f"+ {directory.name}/a.arrow 100\n")
+    books = Ledger(str(tmp_path))
+    books._stale = False  # as if it had scanned: it reads the journal
+    books._scanned = 0.0
+    books.clock = lambda: 1.0
+    books.sync()
+    assert books.scans == 1 and books.files == {f"{directory.name}/a.arrow": 100}
+    assert (tmp_path / JOURNAL).read_bytes().startswith(b"# ")

@@ -12,6 +12,16 @@ killed in the middle of a reservation leaves it counted)::
     + <key>/<file> <bytes>      the file counts <bytes> from now on
     - <key>/<file>              it no longer counts
 
+The journal's first line, ``# <16 hex digits>``, is new at every rewrite. A
+process that read the journal up to some offset reads on from there only if
+the file is still the one it read: the same inode and the same first line. The
+inode alone is not enough: a file system gives a freed inode number to the next
+file it makes (ext4 alternates two numbers between successive rewrites), so
+after two rewrites by others the journal can be a new file under the old
+number, and the process would read on from the middle of a snapshot it never
+saw the start of, missing what that start counts (the cache then goes over
+its limit by what it missed, until a scan).
+
 Each process keeps what the journal says in memory (:class:`Ledger`) and, each
 time it takes the lock, reads only the lines added since it last looked: a
 reservation costs a ``stat`` and a short read, not a listing of every dataset
@@ -47,6 +57,8 @@ JOURNAL = ".chute-cache.journal"
 RESCAN_S = 30.0
 #: A journal this many lines longer than the state it describes is rewritten as that state.
 COMPACT_LINES = 4096
+#: The length of the journal's first line, ``# <hex>\n``, new at every rewrite (see the module docstring).
+HEAD_BYTES = 19
 
 
 def unlink(path: str) -> None:
@@ -189,6 +201,7 @@ class Ledger:
         self._shards: dict[str, tuple[str, str, int]] = {}  # the complete shards of files, as shards() gives them
         self.scans = 0  # full scans of the directory this process made
         self._ident: tuple[int, int] | None = None  # (device, inode) of the journal file read
+        self._head = b""  # and its first line (new at every rewrite; empty: none read yet)
         self._offset = 0  # bytes of it read
         self._lines = 0  # lines of it read (a snapshot's and the changes after it)
         self._scanned = -float("inf")
@@ -206,13 +219,22 @@ class Ledger:
             return
         try:
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != self._ident or st.st_size < self._offset:
+            head = self._head
+            if (st.st_dev, st.st_ino) != self._ident or st.st_size < self._offset or not head or (
+                    os.pread(fd, len(head), 0) != head):
                 self._reset((st.st_dev, st.st_ino))  # rewritten by another process's scan: read it whole
             data = os.pread(fd, st.st_size - self._offset, self._offset) if st.st_size > self._offset else b""
         finally:
             os.close(fd)
+        start = 0
+        if not self._offset:  # the file from its start: its first line names it
+            start = data.find(b"\n") + 1
+            if not data.startswith(b"# ") or start != HEAD_BYTES:
+                self.rescan()  # a journal without one (an older chute's, or a line cut short): written anew
+                return
+            self._head = data[:start]
         end = data.rfind(b"\n") + 1  # a line still being written (never, under the lock) waits for the next look
-        if end and not self._apply(data[:end]):
+        if end > start and not self._apply(data[start:end]):
             self.rescan()
             return
         self._offset += end
@@ -229,7 +251,8 @@ class Ledger:
         self.scans += 1
         self._scanned = self.clock()
         self._stale = False
-        text = "".join(f"+ {key} {size}\n" for key, size in self.files.items()).encode("utf-8", "surrogateescape")
+        head = f"# {secrets.token_hex(8)}\n".encode()  # HEAD_BYTES long
+        text = head + "".join(f"+ {key} {size}\n" for key, size in self.files.items()).encode("utf-8", "surrogateescape")
         tmp = f"{self.path}.{secrets.token_hex(4)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -248,7 +271,7 @@ class Ledger:
             unlink(tmp)
             self._invalidate()  # a full disk: scan at every look, as without a journal
             return
-        self._ident, self._offset, self._lines = (st.st_dev, st.st_ino), len(text), len(self.files)
+        self._ident, self._head, self._offset, self._lines = (st.st_dev, st.st_ino), head, len(text), len(self.files)
 
     def shards(self) -> list[tuple[str, str, int]]:
         """The complete shards as ``(dataset directory, file, bytes)`` (kept as the journal is read, so
@@ -315,7 +338,7 @@ class Ledger:
 
     def _reset(self, ident: tuple[int, int]) -> None:
         self.files, self.used, self._shards = {}, 0, {}
-        self._ident, self._offset, self._lines = ident, 0, 0
+        self._ident, self._head, self._offset, self._lines = ident, b"", 0, 0
 
     def _apply(self, data: bytes) -> bool:
         """Apply whole journal lines; False if one cannot be read (the journal is then rewritten by a scan)."""
