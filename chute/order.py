@@ -330,11 +330,8 @@ class Order:
         takes milliseconds, which the next pass's start would otherwise wait for.
         At most a few are kept, the oldest dropped first.
         """
-        key = ("steps", epoch, first, count, rank, world_size, consumed)
-        with self._cache_lock:
-            if key in self._cache:
-                return
-        self._cached(key, lambda: self.steps(epoch, first, count, rank, world_size, consumed))
+        self._cached(("steps", epoch, first, count, rank, world_size, consumed),
+                     lambda: self.steps(epoch, first, count, rank, world_size, consumed))
 
     def prepared(self, epoch: int, first: int, count: int, rank: int = 0, world_size: int = 1, consumed: int = 0) -> np.ndarray | None:
         """What :meth:`prepare` computed with these arguments (taken: it is not kept), or None."""

@@ -27,6 +27,7 @@ from tests.storage._helpers import (
     cache_bytes,
     chute_threads,
     epoch_columns,
+    journal_files,
     loader,
     local_epochs,
     part_files,
@@ -194,19 +195,6 @@ def test_a_recycled_file_is_never_a_part_larger_than_its_reservation(http_server
     assert ds.cache.stats()["checksum_failures"] == 0 and part_files(str(tmp_path / "cache")) == []
 
 
-def _journal(cache_dir: str) -> dict[str, int]:
-    """What the cache's journal counts now: file key -> bytes."""
-    counted: dict[str, int] = {}
-    with open(os.path.join(cache_dir, ".chute-cache.journal"), encoding="utf-8") as f:
-        for line in list(f)[1:]:  # (the first names the file: "# <hex>")
-            op, key, *size = line.split()
-            if op == "+":
-                counted[key] = int(size[0])
-            else:
-                counted.pop(key, None)
-    return counted
-
-
 def test_the_journal_counts_every_part_from_before_it_exists(http_server, served, tmp_path, monkeypatch):
     """At every instant a ``.part`` exists (created, or an evicted shard's file renamed to it), the journal
     already counts it at its reservation: a process killed at any point of a reservation leaves the journal
@@ -219,7 +207,7 @@ def test_the_journal_counts_every_part_from_before_it_exists(http_server, served
         path = str(path)
         if path.endswith(".part"):
             key = os.path.basename(os.path.dirname(path)) + "/" + os.path.basename(path)
-            appeared.append((key, _journal(cache_dir).get(key), int(path[: -len(".part")].rsplit(".", 2)[1])))
+            appeared.append((key, (journal_files(cache_dir) or {}).get(key), int(path[: -len(".part")].rsplit(".", 2)[1])))
 
     def watched_open(path, flags, *args, **kwargs):
         fd = real_open(path, flags, *args, **kwargs)
