@@ -112,6 +112,7 @@ def _ids(batch) -> np.ndarray:
     return batch["id"].numpy()
 
 
+@pytest.mark.usefixtures("no_loader_threads_left")
 def test_a_loaders_passes_deliver_the_order_with_the_order_thread(tmp_path, small_chunks, monkeypatch) -> None:
     chute.write(({"id": np.int64(i)} for i in range(1000)), str(tmp_path / "ds"), shard_size=2000)
     ds = chute.open(str(tmp_path / "ds"))
@@ -123,13 +124,15 @@ def test_a_loaders_passes_deliver_the_order_with_the_order_thread(tmp_path, smal
         return prepare(self, *args, **kwargs)
 
     monkeypatch.setattr(Order, "prepare", spy)
-    loader = chute.Loader(ds, 8, shuffle=True, seed=5, workers=2)
-    order = Order(tuple(s.rows for s in ds.shards), 8, shuffle=True, seed=5, window=loader.order.window)
-    for epoch in range(3):
-        got = [_ids(b) for b in loader]
-        assert len(got) == order.num_batches()
-        for step, ids in enumerate(got):
-            assert np.array_equal(ids, order.batch(epoch, step)), (epoch, step)
-    assert prepared_on and set(prepared_on) == {"chute-order-r0"}
-    loader.close()
+    with chute.Loader(ds, 8, shuffle=True, seed=5, workers=2) as loader:
+        order = Order(tuple(s.rows for s in ds.shards), 8, shuffle=True, seed=5, window=loader.order.window)
+        for epoch in range(3):
+            got = [_ids(b) for b in loader]
+            assert len(got) == order.num_batches()
+            for step, ids in enumerate(got):
+                assert np.array_equal(ids, order.batch(epoch, step)), (epoch, step)
+        # Nobody waits for the thread's jobs: on a busy machine three short passes may end before it first
+        # runs (their steps computed the chunks themselves). Wait for the jobs given to it so far.
+        assert loader._kept_threads()._threads["order"].wait(60)
+        assert prepared_on and set(prepared_on) == {"chute-order-r0"}
     assert not [t for t in threading.enumerate() if t.name.startswith("chute-order")]
