@@ -24,6 +24,9 @@ so its rate is the step's own. Each feeder is measured as that rate's fraction:
                  scheduling class) have spent chute-images' CPU per batch (measured first, one
                  worker thread, quiet) in C without the GIL: the decode's CPU alone, what a loader
                  with that decoder and no Python around it would give (above it only by decoding less)
+  cpu-bound@X    W4, --paired --bound-ms X,...: the same with X ms of CPU per batch instead
+                 (which decoder CPU per batch a step rate needs; only memory, chute-images and
+                 the bound rows run)
   torch-*        the four torch DataLoaders of benchmarks/_torch.py (W2), or
                  per-sample decoding at num_workers 0 and N (W4); "/ best torch" is
                  against the fastest of them in the same run
@@ -59,6 +62,7 @@ took; a count, steadier than a rate on a busy machine (Linux only).
     python benchmarks/train_step.py --repeats 5
     python benchmarks/train_step.py --only w2 --burners 2 --repeats 5
     python benchmarks/train_step.py --only w2 --burners 2 --paired --repeats 15
+    python benchmarks/train_step.py --only w4 --burners 2 --paired --repeats 11 --bound-ms 0,2,3,3.5,4,4.5
 """
 
 from __future__ import annotations
@@ -108,6 +112,8 @@ def label(workload: str, config: str) -> str:
     if config == "cpu-bound":
         return ("bound: the batches in memory handed over by 2 threads that spend chute-images' CPU per batch in C without "
                 "the GIL, 4 ahead (a loader with that decoder and no Python)")
+    if config.startswith("cpu-bound@"):
+        return f"bound at {config.split('@')[1]} ms of CPU per batch (2 threads, in C without the GIL, 4 ahead)"
     if workload == "w4":
         return f"torch DataLoader, per-sample decode, num_workers={config.split('-')[-1]}"
     return _torch.label(config)
@@ -199,9 +205,10 @@ def _w4_feeders(data_dir: str, config: str, batch: int, short_batches: int):
         loader.close()
         cycle = lambda: (batches[i % len(batches)] for i in range(steps))  # noqa: E731
         return cycle, cycle, steps, lambda: None
-    if config == "cpu-bound":
+    if config.startswith("cpu-bound"):
         cycle, _, _, _ = _w4_feeders(data_dir, "memory", batch, short_batches)
-        bound = CpuBound(list(cycle())[:8], _decode_cpu(ds, batch))
+        cpu_s = float(config.split("@")[1]) / 1e3 if "@" in config else _decode_cpu(ds, batch)
+        bound = CpuBound(list(cycle())[:8], cpu_s)
         make = lambda: iter(bound)  # noqa: E731
         make.bound = bound  # type: ignore[attr-defined]
         return make, make, steps, bound.close
@@ -320,7 +327,10 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     short_steps = max(1, round(args.short_s / (gil_s + wait_s)))
     make = _w2_feeders if workload == "w2" else _w4_feeders
     feeders, settings = {}, {}
-    for config in [*CONFIGS[workload], *PAIRED_EXTRA.get(workload, [])]:
+    configs = [*CONFIGS[workload], *PAIRED_EXTRA.get(workload, [])]
+    if args.bound_ms:
+        configs = ["memory", "chute-images", "cpu-bound", *(f"cpu-bound@{ms:g}" for ms in args.bound_ms)]
+    for config in configs:
         with _policy(config):
             short_iter, _, _, close = make(args.data_dir, _base(config), BATCH[workload], short_steps)
             run_passes(short_iter, min(5, short_steps), 1, gil_s, wait_s)  # workers started, imports done
@@ -345,20 +355,25 @@ def paired(workload: str, args: argparse.Namespace) -> dict[str, Any]:
             settings[config] = {"threads": s["num_threads"], "prefetch": s["prefetch"]}
         close()
     med = {c: statistics.median(v) for c, v in runs.items()}
-    torch_best = max(v for c, v in med.items() if c.startswith("torch"))
+    torch_best = max((v for c, v in med.items() if c.startswith("torch")), default=None)  # (none in a --bound-ms run)
     load = f"beside {args.burners} CPU burners" if args.burners else "no burners"
     rows = [{"label": label(workload, c), "config": c, "short_steps_per_s": m, "short_ratio_memory": m / med["memory"],
-             "short_ratio_torch": m / torch_best, "short_runs": runs[c], **({"settings": settings[c]} if c in settings else {}),
+             **({"short_ratio_torch": m / torch_best} if torch_best else {}), "short_runs": runs[c],
+             **({"settings": settings[c]} if c in settings else {}),
              **({"blocked": statistics.median(blocked[c])} if blocked[c] else {})}
             for c, m in med.items()]
     where = "; ".join(f"{c}: threads {s['threads']}, prefetch {s['prefetch']}" for c, s in settings.items())
-    bound = next((getattr(f, "bound", None) for f, _ in feeders.values() if hasattr(f, "bound")), None)
+    bound = getattr(feeders.get("cpu-bound", (None,))[0], "bound", None)
     if bound is not None:
         where += f"; cpu-bound: {bound.cpu_s * 1e3:.2f} ms of CPU per batch (chute-images' one worker thread, quiet, before the clock)"
+    columns = [["short_steps_per_s", f"steps/s, {args.short_s:g} s passes", ",.1f"], ["short_ratio_memory", "/ memory", ".3f"],
+               ["short_ratio_torch", "/ best torch", ".2f"], ["blocked", "loop blocked per step", ".3f"]]
+    if torch_best is None:
+        del columns[2]
     return {
-        "title": f"{workload.upper()}, batch {BATCH[workload]}, step {args.gil_ms:g} ms GIL + {args.wait_ms:g} ms wait, {load}, paired",
-        "columns": [["short_steps_per_s", f"steps/s, {args.short_s:g} s passes", ",.1f"], ["short_ratio_memory", "/ memory", ".3f"],
-                    ["short_ratio_torch", "/ best torch", ".2f"], ["blocked", "loop blocked per step", ".3f"]],
+        "title": f"{workload.upper()}, batch {BATCH[workload]}, step {args.gil_ms:g} ms GIL + {args.wait_ms:g} ms wait, {load}, paired"
+                 + (", the bound by decoder CPU per batch" if args.bound_ms else ""),
+        "columns": columns,
         "rows": rows,
         "notes": f"Medians of {args.repeats} rounds in one process, each configuration one pass of {short_steps} steps from a "
                  f"fresh iter() in turn; 'loop blocked per step': the loop thread's voluntary context switches per step "
@@ -442,9 +457,14 @@ def main() -> None:
     parser.add_argument("--short-s", type=float, default=1.0, help="length of a short pass in seconds (default 1)")
     parser.add_argument("--short-passes", type=int, default=5, help="short passes per run (default 5)")
     parser.add_argument("--paired", action="store_true", help="short passes of every configuration in one process, in turn")
+    parser.add_argument("--bound-ms", type=lambda v: [float(x) for x in v.split(",")], default=None, metavar="X,...",
+                        help="W4 --paired only: the bound at each of these ms of CPU per batch (the rows memory, "
+                             "chute-images and the bounds only)")
     parser.add_argument("--no-save", action="store_true", help="print only (a trial run)")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bound_ms and (not args.paired or args.only != ["w4"]):
+        parser.error("--bound-ms runs with --paired --only w4")
     if args.one:
         return _one(args)
     os.makedirs(args.data_dir, exist_ok=True)
@@ -454,9 +474,10 @@ def main() -> None:
         for workload in args.only or sorted(CONFIGS):
             _run(workload, "memory", args)  # builds the data outside any clock
             t = paired(workload, args)
-            tables[f"{workload}-{'burners' if args.burners else 'quiet'}-paired"] = t
+            tables[f"{workload}-{'burners' if args.burners else 'quiet'}-paired" + ("-bound" if args.bound_ms else "")] = t
             for row in t["rows"]:
-                print(f"  {row['label']:<70} short {row['short_ratio_memory']:.3f}x memory {row['short_ratio_torch']:.2f}x torch")
+                versus = f" {row['short_ratio_torch']:.2f}x torch" if "short_ratio_torch" in row else ""
+                print(f"  {row['label']:<70} short {row['short_ratio_memory']:.3f}x memory{versus}")
         if not args.no_save:
             from _results import save
 
