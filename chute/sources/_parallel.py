@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import multiprocessing
+import multiprocessing.connection
 import os
 import select
 import selectors
@@ -64,6 +65,8 @@ def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 
 #: Seconds between checks of the parent's pid where the OS offers no way to wait for it.
 _PARENT_CHECK_S = 1.0
+#: Seconds a reader has to end after SIGTERM, then after SIGKILL.
+_END_S = 5.0
 
 
 def _init_reader(parent: int, setup: Callable[..., Any] | None = None, setup_args: tuple[Any, ...] = ()) -> None:
@@ -120,6 +123,35 @@ def _wait_for_exit(pid: int) -> None:
         time.sleep(_PARENT_CHECK_S)
 
 
+def _end_readers(executor: concurrent.futures.ProcessPoolExecutor) -> None:
+    """End the pool's reader processes now (SIGTERM; SIGKILL for one still running ``_END_S`` seconds later).
+
+    A reader ended while it writes a result (this SIGTERM can land there) leaves part of a message in
+    the result pipe, and the pool's thread, which reads every result, would wait for the rest for
+    ever: this process holds the pipe's write end too. Once every reader has ended, closing that end
+    gives the thread an end of file instead; it then marks the pool broken, and ``shutdown`` returns.
+    """
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    for process in processes:
+        process.terminate()
+    alive = {process.sentinel: process for process in processes}
+    _wait_ended(alive, _END_S)
+    for process in alive.values():
+        process.kill()
+    _wait_ended(alive, _END_S)
+    writer = getattr(getattr(executor, "_result_queue", None), "_writer", None)
+    if writer is not None:
+        writer.close()
+
+
+def _wait_ended(alive: dict[int, Any], timeout: float) -> None:
+    """Wait at most ``timeout`` seconds for the processes of ``alive`` (by sentinel) to end, removing each that has."""
+    deadline = time.monotonic() + timeout
+    while alive and (left := deadline - time.monotonic()) > 0:
+        for sentinel in multiprocessing.connection.wait(list(alive), left):
+            del alive[sentinel]  # type: ignore[arg-type]
+
+
 class OrderedPool:
     """``map`` a function over chunks in ``workers`` processes, results in input order.
 
@@ -166,8 +198,7 @@ class OrderedPool:
             # after an error the chunks in hand are of no use: end the readers now rather than
             # wait for them (a reader may be blocked on a slow source), so that every reader
             # process has ended and been reaped when the error reaches the caller
-            for process in list(getattr(executor, "_processes", {}).values()):
-                process.terminate()
+            _end_readers(executor)
         executor.shutdown(wait=True, cancel_futures=True)
 
     def map(self, fn: Callable[[C], list[R]], chunks: Iterable[C]) -> Generator[R, None, None]:

@@ -180,3 +180,49 @@ def test_a_reader_waits_on_a_descriptor_past_1024():
     finally:
         os.close(read), os.close(write)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# A reader that ends while it writes its result (killed, or terminated by the caller's error at that moment) leaves
+# part of a message in the pool's result pipe. The pool's thread, which reads every result, then waits for the rest:
+# this script writes such half a message from a reader (the result queue found in the reader's objects), then fails
+# in the caller while that thread waits.
+_HALF_A_RESULT = """
+import gc, os, struct, sys, time
+import multiprocessing.queues
+from chute.sources._parallel import OrderedPool
+
+def half_a_result(marker):
+    queue = next(o for o in gc.get_objects() if type(o) is multiprocessing.queues.SimpleQueue)
+    os.write(queue._writer.fileno(), struct.pack("!i", 1 << 20) + bytes(100))  # a 1 MiB message's first 100 bytes
+    open(marker, "w").close()
+    time.sleep(600)
+
+if __name__ == "__main__":
+    readers = []
+    try:
+        with OrderedPool(2, start_method=sys.argv[2]) as pool:
+            pool._executor.submit(half_a_result, sys.argv[1])
+            while not os.path.exists(sys.argv[1]):
+                time.sleep(0.01)
+            readers = list(pool._executor._processes.values())
+            raise RuntimeError("the caller fails")
+    except RuntimeError as exc:
+        print(exc, sorted({r.exitcode for r in readers}))
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_leaving_after_an_error_does_not_wait_for_a_result_a_reader_left_half_written(tmp_path, start_method):
+    """The caller's error ends the readers and the pool returns, although its thread was reading half a message."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "half.py"
+    script.write_text(_HALF_A_RESULT)
+    try:
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "written"), start_method],
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"leaving the pool after an error hung for {exc.timeout} s: {exc.stderr!r}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "the caller fails [-15]"  # every reader ended (SIGTERM) and was reaped
