@@ -174,6 +174,38 @@ def test_a_process_killed_holding_its_lease_frees_it_for_a_waiting_one(http_serv
     assert chute_threads() == []
 
 
+# A member that leaves removes two files. This one ends between the two (as a daemon thread does that interpreter
+# exit stops there), which must leave nothing that the next look at the members does not remove.
+_END_WHILE_LEAVING = """
+import os, sys
+from chute.storage.node.share import Sharing
+
+sharing = Sharing(sys.argv[1], 100)
+sharing.reserve(10)
+unlink = os.unlink
+
+def unlink_then_end(path):
+    unlink(path)
+    os._exit(0)
+
+os.unlink = unlink_then_end
+sharing.close()
+"""
+
+
+def test_a_process_that_ends_while_it_leaves_leaves_nothing_behind(tmp_path):
+    from chute.storage.node.share import Sharing
+
+    cache_dir = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, "-c", _END_WHILE_LEAVING, cache_dir], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(os.listdir(os.path.join(cache_dir, ".chute-members"))) == 1  # (it did end between the two)
+    other = Sharing(cache_dir, 100)
+    other.reserve(10)  # looks at the members, as every reservation does
+    other.close()
+    assert os.listdir(os.path.join(cache_dir, ".chute-members")) == []
+
+
 @pytest.mark.parametrize(
     ("limit", "claims", "want"),
     [

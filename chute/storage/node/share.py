@@ -77,6 +77,15 @@ def cache_lock(cache_dir: str) -> Iterator[None]:
         os.close(fd)
 
 
+def _remove_member(members_dir: str, member: str) -> None:
+    """Remove a member's files, its doorbell first: a process that ends between the two (a daemon
+    thread stopped at interpreter exit) leaves its state file, which the next look at the members
+    finds unlocked and removes; the other way round it would leave a doorbell that nothing names."""
+    for path in (os.path.join(members_dir, member + BELL_SUFFIX), os.path.join(members_dir, member)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 def fair_leases(limit: int, claims: Sequence[tuple[int, int]]) -> list[int]:
     """Leases for members asking ``(minimum, want)``: each at least its minimum, at most
     ``max(minimum, want)``, the room above the minima shared evenly ("water filling").
@@ -389,9 +398,7 @@ class Sharing:
         """Remove this member's files; the listener to end once the locks are dropped."""
         member, fd, listener = self._id, self._fd, self._listener
         assert member is not None and fd is not None and listener is not None, "only a member leaves"
-        for path in (os.path.join(self.members_dir, member), self._bell_path(member)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        _remove_member(self.members_dir, member)
         os.close(fd)
         self._id = self._fd = self._listener = None
         self.state = MemberState()
@@ -420,9 +427,7 @@ class Sharing:
                     if state is not None:
                         out[name] = state
                     continue
-                for dead in (path, self._bell_path(name)):  # its owner died: its lease is free
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(dead)
+                _remove_member(self.members_dir, name)  # its owner died: its lease is free
             finally:
                 os.close(fd)
         return out
