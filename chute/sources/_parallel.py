@@ -67,6 +67,8 @@ def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 _PARENT_CHECK_S = 1.0
 #: Seconds a reader has to end after SIGTERM, then after SIGKILL.
 _END_S = 5.0
+#: Seconds between looks for a dead reader while a result is awaited.
+_DEATH_CHECK_S = 1.0
 
 
 def _init_reader(parent: int, setup: Callable[..., Any] | None = None, setup_args: tuple[Any, ...] = ()) -> None:
@@ -217,7 +219,7 @@ class OrderedPool:
                 if len(pending) >= limit:
                     break
             while pending:
-                results = pending.popleft().result()
+                results = self._result(pending.popleft())
                 chunk = next(source, None)
                 if chunk is not None:  # keep the pool busy while the caller consumes
                     pending.append(self._executor.submit(fn, chunk))
@@ -230,6 +232,22 @@ class OrderedPool:
         finally:
             for future in pending:
                 future.cancel()
+
+    def _result(self, future: concurrent.futures.Future[list[R]]) -> list[R]:
+        """``future.result()``; ``BrokenProcessPool`` once a reader has died, looked for every ``_DEATH_CHECK_S``
+        seconds: the pool reports one itself, unless it died while it wrote a result, which leaves the pool's
+        thread waiting for the rest of it (then :func:`_end_readers` ends the wait)."""
+        executor = self._executor
+        assert executor is not None
+        while True:
+            try:
+                return future.result(timeout=_DEATH_CHECK_S)
+            except concurrent.futures.TimeoutError:
+                pass
+            sentinels = [p.sentinel for p in (getattr(executor, "_processes", None) or {}).values()]
+            if sentinels and multiprocessing.connection.wait(sentinels, 0):  # (a reader never ends while in use)
+                _end_readers(executor)
+                raise BrokenProcessPool("a reader process ended")
 
 
 def call_chunk(fn: Callable[..., Any], kwargs: dict[str, Any], chunk: Sequence[Any]) -> list[Any]:

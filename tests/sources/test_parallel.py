@@ -226,3 +226,64 @@ def test_leaving_after_an_error_does_not_wait_for_a_result_a_reader_left_half_wr
         pytest.fail(f"leaving the pool after an error hung for {exc.timeout} s: {exc.stderr!r}")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "the caller fails [-15]"  # every reader ended (SIGTERM) and was reaped
+
+
+def kill_self_at(x: int, bad: int) -> int:
+    if x == bad:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
+    return x
+
+
+def test_a_reader_killed_is_reported_with_what_to_do():
+    fn = functools.partial(call_chunk, kill_self_at, {"bad": 150})
+    seen = []
+    with pytest.raises(ChuteError, match=r"a reader process died .*workers=0"):
+        with OrderedPool(2) as pool:
+            for x in pool.map(fn, chunked(list(range(1000)), 10)):
+                seen.append(x)
+    assert seen == list(range(150))
+
+
+# A reader killed while it writes its result: it holds the result pipe's lock and has written part of a message,
+# which the pool's thread reads and then waits for the rest of; the other reader waits for the lock.
+_KILLED_WRITING = """
+import gc, os, signal, struct, sys
+import multiprocessing.queues
+from chute.errors import ChuteError
+from chute.sources._parallel import OrderedPool, call_chunk, chunked
+import functools
+
+def killed_writing_at(x, bad):
+    if x == bad:
+        queue = next(o for o in gc.get_objects() if type(o) is multiprocessing.queues.SimpleQueue)
+        queue._wlock.acquire()
+        os.write(queue._writer.fileno(), struct.pack("!i", 1 << 20) + bytes(100))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+if __name__ == "__main__":
+    seen = []
+    try:
+        with OrderedPool(2, start_method=sys.argv[1]) as pool:
+            for x in pool.map(functools.partial(call_chunk, killed_writing_at, {"bad": 150}), chunked(list(range(1000)), 10)):
+                seen.append(x)
+    except ChuteError as exc:
+        print(str(exc).split(";")[0], seen == list(range(150)))
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_reader_killed_while_writing_its_result_is_reported_not_waited_for(tmp_path, start_method):
+    import subprocess
+    import sys
+
+    script = tmp_path / "killed.py"
+    script.write_text(_KILLED_WRITING)
+    try:
+        done = subprocess.run([sys.executable, str(script), start_method], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the pool waited {exc.timeout} s for a reader killed while it wrote its result: {exc.stderr!r}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "a reader process died (killed by the system, out of memory?) True"
