@@ -244,7 +244,7 @@ class OrderedPool:
                 return future.result(timeout=_DEATH_CHECK_S)
             except concurrent.futures.TimeoutError:
                 pass
-            sentinels = [p.sentinel for p in (getattr(executor, "_processes", None) or {}).values()]
+            sentinels = [p.sentinel for p in list((getattr(executor, "_processes", None) or {}).values())]
             if sentinels and multiprocessing.connection.wait(sentinels, 0):  # (a reader never ends while in use)
                 _end_readers(executor)
                 raise BrokenProcessPool("a reader process ended")
