@@ -14,8 +14,11 @@ stopped in the next epoch. A source's **counter** is its stream position.
 **Epochs.** An epoch of the mixture is ``num_rows`` rows (default: the sources'
 rows together). Its rows are split between the sources in proportion to their
 weights, *cumulatively over epochs* (largest remainders of ``epochs * num_rows *
-share``), so the counters at an epoch's start are a closed form of the epoch,
-whatever world sizes ran before.
+share``), so the counters at an epoch's start are a function of the epoch alone,
+whatever world sizes ran before. Largest remainders alone can give a source one
+row fewer after an epoch than before it, when its share grows by less than one
+row an epoch; such a count is kept where it was instead, and the row comes from
+the source furthest above its share (:func:`monotone_apportion`).
 
 **Steps.** The epoch is consumed in global batches of ``batch_size *
 world_size`` rows (the last one partial, or dropped with ``drop_last``). Each
@@ -65,6 +68,26 @@ def apportion(total: int, weights: Sequence[Fraction]) -> list[int]:
     ranked = sorted(range(len(weights)), key=lambda k: (-(exact[k] - counts[k]), k))
     for k in ranked[:extra]:
         counts[k] += 1
+    return counts
+
+
+def monotone_apportion(previous: Sequence[int], total: int, weights: Sequence[Fraction]) -> list[int]:
+    """:func:`apportion` of ``total`` rows, with no count below ``previous`` (the counts of a smaller total).
+
+    Where largest remainders would take a row back from a source (its exact share grew by less than
+    one row since ``previous``), the source keeps its ``previous`` count, and each such row is given
+    back by the source then furthest above its exact share (ties: the last source) among those above
+    their own ``previous`` count. Equal to ``apportion`` wherever that takes nothing back.
+    """
+    counts = apportion(total, weights)
+    excess = sum(max(0, p - c) for p, c in zip(previous, counts))
+    if not excess:
+        return counts
+    counts = [max(p, c) for p, c in zip(previous, counts)]
+    whole = sum(weights)
+    for _ in range(excess):  # (counts now sum to total + excess, previous to at most total: someone is above it)
+        k = max((k for k in range(len(counts)) if counts[k] > previous[k]), key=lambda k: (counts[k] - total * weights[k] / whole, k))
+        counts[k] -= 1
     return counts
 
 
@@ -201,6 +224,7 @@ class MixOrder:
         if not self.changes:
             self.changes = (WeightChange(0, 0, self._fractions(self.weights), (0,) * len(self.names)),)
         self._cache: dict = {}
+        self._since_change: dict[tuple[int, int], list[tuple[int, ...]]] = {}  # change.at -> _since(change, 1, 2, ...)
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -301,9 +325,19 @@ class MixOrder:
         if change.epoch == epoch:
             length = n - change.position
             return _Plan(change.position, length, change.counters, tuple(apportion(length, change.weights)))
-        before = (epoch - change.epoch) * n - change.position  # rows since the change, before this epoch
-        done, then = apportion(before, change.weights), apportion(before + n, change.weights)
+        done, then = self._since(change, epoch - change.epoch), self._since(change, epoch - change.epoch + 1)
         return _Plan(0, n, tuple(c + d for c, d in zip(change.counters, done)), tuple(b - a for a, b in zip(done, then)))
+
+    def _since(self, change: WeightChange, j: int) -> tuple[int, ...]:
+        """Each source's rows from ``change`` to the start of the ``j``-th epoch after the change's own (``j >= 1``):
+        the cumulative split of those rows, epoch boundary by epoch boundary (:func:`monotone_apportion`)."""
+        n = self.num_rows
+        with self._lock:
+            known = self._since_change.setdefault(change.at, [])
+            while len(known) < j:
+                previous = known[-1] if known else (0,) * len(self.names)
+                known.append(tuple(monotone_apportion(previous, (len(known) + 1) * n - change.position, change.weights)))
+            return known[j - 1]
 
     def _trajectory(self, epoch: int, start: int, size: int) -> _Trajectory:
         """The counters at each step boundary of a pass over ``epoch`` from ``start``, ``size`` rows a step."""

@@ -50,18 +50,26 @@ world_sizes = st.integers(1, 8)
 
 
 def quotas(order: MixOrder, epoch: int = 0) -> list[int]:
-    """Largest remainders of the cumulative split, epoch by epoch (ties to the first source)."""
+    """Largest remainders of the cumulative split, epoch by epoch (ties to the first source); a count that would
+    fall stays, and the source furthest above its exact share gives the row instead (ties to the last source)."""
+    w = [Fraction(x) for x in order.weights]
 
     def split(total: int) -> list[int]:
-        w = [Fraction(x) for x in order.weights]
         exact = [total * x / sum(w) for x in w]
         floors = [math.floor(x) for x in exact]
         for k in sorted(range(len(w)), key=lambda k: (floors[k] - exact[k], k))[: total - sum(floors)]:
             floors[k] += 1
         return floors
 
-    before, after = split(epoch * order.num_rows), split((epoch + 1) * order.num_rows)
-    return [b - a for a, b in zip(before, after)]
+    counts = [[0] * len(w)]
+    for e in range(epoch + 1):
+        total = (e + 1) * order.num_rows
+        now = [max(p, c) for p, c in zip(counts[-1], split(total))]
+        while sum(now) > total:
+            k = max((k for k in range(len(w)) if now[k] > counts[-1][k]), key=lambda k: (now[k] - total * w[k] / sum(w), k))
+            now[k] -= 1
+        counts.append(now)
+    return [b - a for a, b in zip(counts[-2], counts[-1])]
 
 
 def source_of(order: MixOrder, rows: np.ndarray) -> np.ndarray:
@@ -278,6 +286,28 @@ def test_shares_follow_the_new_weights_after_a_change() -> None:
 
 
 # ---------------------------------------------------------------------------- layout, golden, misc
+
+
+def test_a_source_of_under_a_row_an_epoch_never_gives_a_row_back() -> None:
+    """s3's share is 0.18 of a row an epoch. Largest remainders of the cumulative split alone gave it its first row
+    after epoch 1 and took it back after epoch 2: a quota of -1, on which a chunk of steps failed (found by
+    test_steps_of_a_chunk_are_each_steps_batch)."""
+    order = MixOrder(("s0", "s1", "s2", "s3"), ((1,), (1, 1, 1, 1), (1, 1, 1, 1), (26, 60, 60, 60)),
+                     (2.65625, 6.65625, 9.34375, 0.015625), batch_size=13, epoch_rows=215)
+    w = [Fraction(x) for x in order.weights]
+    totals = [0] * 4
+    for epoch in range(8):
+        q = quotas(order, epoch)
+        assert min(q) >= 0 and sum(q) == 215
+        chunk = order.steps(epoch, 0, order.full_steps())
+        rows = [order.batch(epoch, step) for step in range(order.num_batches())]
+        for step in range(order.full_steps()):
+            np.testing.assert_array_equal(chunk[step], rows[step])
+        counts = np.bincount(source_of(order, np.concatenate(rows)), minlength=4).tolist()
+        assert counts == q
+        totals = [t + c for t, c in zip(totals, counts)]
+        assert all(abs(totals[k] - (epoch + 1) * 215 * w[k] / sum(w)) < 1 for k in range(4))
+    assert quotas(order, 2) == [30, 77, 108, 0]  # (largest remainders alone: [31, 77, 108, -1])
 
 
 @SETTINGS
