@@ -36,6 +36,6 @@ def native_threads() -> list[int]:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 if f.read().strip() == "chute-gather":
                     found.append(int(tid))
-        except FileNotFoundError:  # it ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile (before the open; between it and the read)
             pass
     return found
