@@ -330,8 +330,12 @@ class MixOrder:
 
     def _since(self, change: WeightChange, j: int) -> tuple[int, ...]:
         """Each source's rows from ``change`` to the start of the ``j``-th epoch after the change's own (``j >= 1``):
-        the cumulative split of those rows, epoch boundary by epoch boundary (:func:`monotone_apportion`)."""
+        the cumulative split of those rows, epoch boundary by epoch boundary (:func:`monotone_apportion`); in
+        closed form where no source's share is under a row an epoch (largest remainders then never lower a count)."""
         n = self.num_rows
+        whole = sum(change.weights)
+        if all(n * w >= whole for w in change.weights):  # every share grows by a row or more an epoch: never lowered
+            return tuple(apportion(j * n - change.position, change.weights))
         with self._lock:
             known = self._since_change.setdefault(change.at, [])
             while len(known) < j:
